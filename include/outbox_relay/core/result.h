@@ -1,0 +1,73 @@
+// Errors as values on the data path.
+//
+// Every fallible function on the data path returns `Status` or `Result<T>`
+// (`std::expected<T, Error>`). An `Error` carries a code that decides what the
+// caller does with it (see `Disposition`) and a message that says what went
+// wrong and where. Exceptions are used only at the edges: configuration
+// parsing and `main`.
+#pragma once
+
+#include <expected>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+namespace outbox_relay {
+
+enum class ErrorCode {
+  kProtocol,         // the peer sent bytes that violate the protocol grammar
+  kInvalidArgument,  // a caller or an operator gave a value that cannot work
+  kPoison,           // one row cannot be turned into a Kafka record
+  kTransient,        // I/O that may succeed when retried (connection lost, timeout)
+  kSlotInUse,        // the replication slot is held by another process (SQLSTATE 55006)
+  kSlotLost,         // the replication slot is missing or invalidated
+  kPermission,       // the database refused for lack of a privilege
+  kFatal,            // a state the process must not continue from
+};
+
+// What the caller does with an error; decided in exactly one place.
+enum class Disposition { kRetry, kDeadLetter, kStop };
+
+struct Error {
+  ErrorCode code;
+  std::string message;
+};
+
+inline Disposition DispositionOf(const Error& e) {
+  switch (e.code) {
+    case ErrorCode::kTransient:
+    case ErrorCode::kSlotInUse:
+      return Disposition::kRetry;
+    case ErrorCode::kPoison:
+      return Disposition::kDeadLetter;
+    case ErrorCode::kProtocol:
+    case ErrorCode::kInvalidArgument:
+    case ErrorCode::kSlotLost:
+    case ErrorCode::kPermission:
+    case ErrorCode::kFatal:
+      return Disposition::kStop;
+  }
+  return Disposition::kStop;
+}
+
+std::string_view ErrorCodeName(ErrorCode code);
+
+template <typename T>
+using Result = std::expected<T, Error>;
+
+using Status = std::expected<void, Error>;
+
+inline std::unexpected<Error> MakeError(ErrorCode code, std::string message) {
+  return std::unexpected<Error>(Error{code, std::move(message)});
+}
+
+template <typename... Args>
+std::unexpected<Error> Fail(ErrorCode code, fmt::format_string<Args...> fmt, Args&&... args) {
+  return std::unexpected<Error>(Error{code, fmt::format(fmt, std::forward<Args>(args)...)});
+}
+
+inline Status Ok() { return {}; }
+
+}  // namespace outbox_relay
