@@ -1,0 +1,134 @@
+// The ack tracker: which WAL position may be confirmed to the server.
+//
+// Confirmation rule (DESIGN §2.4). The slot's flush LSN may move to the
+// `end_lsn` of transaction T only when every row of T and of every transaction
+// committed before T is (a) acknowledged by Kafka and (b) marked
+// `offset_acked` in the table. Kafka acknowledges out of order across
+// partitions, so "the last delivery report" says nothing about what came
+// before it; the tracker keeps the transactions in commit order and confirms
+// the longest fully-done prefix.
+//
+// Idle rule (DESIGN §2.5). When nothing is in flight and the stream is not
+// inside a transaction, every commit before the server's reported WAL end has
+// already been received and confirmed, so the confirmed position may follow
+// the keepalive's `wal_end`. That keeps an idle outbox from pinning WAL on a
+// busy database.
+//
+// Threads. `Begin`, `AddRow`, `Commit`, `Abandon` and `FollowServer` are
+// called by the replication loop only, in stream order. `OnDelivered` is
+// called from the Kafka delivery-report thread, `TakeDelivered` and
+// `OnMarked` from the marker thread; everything else from any thread.
+// The hot path (`AddRow`, `OnDelivered` of a row that does not complete its
+// transaction) touches one atomic counter and takes no lock.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "outbox_relay/core/lsn.h"
+#include "outbox_relay/core/pg_time.h"
+
+namespace outbox_relay::tracking {
+
+// One transaction from Begin to confirmation. Owned by the tracker; its
+// address is stable while the transaction is in flight and is what each
+// produced message carries as its delivery opaque.
+struct Transaction {
+  uint64_t seq = 0;          // position in stream order
+  Lsn final_lsn;             // Begin.final_lsn: the commit record's LSN
+  Lsn end_lsn;               // Commit.end_lsn, set by Commit()
+  PgTimestamp commit_time;   // from Begin
+  uint32_t xid = 0;          // 32-bit xid from Begin
+  std::vector<uint64_t> transaction_ids;  // distinct xid8 values of its rows, for marking
+  uint64_t rows = 0;                      // rows produced (incl. dead letters)
+  bool abandoned = false;  // stream broke before its Commit: never confirms, never marked
+
+  // 1 for the open transaction (released by Commit/Abandon) + 1 per message
+  // not yet acknowledged. The thread that brings it to 0 completes it.
+  std::atomic<int64_t> pending{1};
+  // Guarded by the tracker's mutex:
+  bool delivered = false;
+  bool marked = false;
+};
+
+struct TrackerStats {
+  size_t transactions = 0;     // in flight (not yet confirmed)
+  int64_t rows_in_flight = 0;  // produced, not yet acknowledged
+  size_t awaiting_mark = 0;    // delivered, not yet marked
+  Lsn confirmed;
+};
+
+class AckTracker {
+ public:
+  // `marking`: when false, a delivered transaction counts as marked at once
+  // (no marker runs, e.g. a benchmark with marking off).
+  explicit AckTracker(Lsn start, bool marking = true);
+  AckTracker(const AckTracker&) = delete;
+  AckTracker& operator=(const AckTracker&) = delete;
+
+  // --- replication loop ---
+  Transaction* Begin(Lsn final_lsn, PgTimestamp commit_time, uint32_t xid);
+  // Call before producing a message for `tx` (a row or its dead letter).
+  void AddMessage(Transaction* tx);
+  // Records the xid8 of one of its rows (marking works on these).
+  static void NoteTransactionId(Transaction* tx, uint64_t xid8);
+  void Commit(Transaction* tx, Lsn end_lsn);
+  // The stream broke inside `tx`: its rows will be re-sent by the server.
+  void Abandon(Transaction* tx);
+  // Idle rule: if nothing is in flight, confirm up to the server's `wal_end`.
+  // Returns true when the confirmed position moved.
+  bool FollowServer(Lsn wal_end);
+
+  // --- delivery-report thread ---
+  void OnDelivered(Transaction* tx);
+  // A message failed for good: nothing at or after `tx` may be confirmed.
+  void OnFailed(Transaction* tx, std::string reason);
+
+  // --- marker thread ---
+  // Waits up to `timeout` for delivered transactions and moves up to `max` of
+  // them (in the order they were delivered) into `*out`.
+  void TakeDelivered(std::vector<Transaction*>* out, size_t max, std::chrono::milliseconds timeout);
+  void OnMarked(const std::vector<Transaction*>& txs);
+
+  // --- anyone ---
+  Lsn confirmed() const { return Lsn(confirmed_.load(std::memory_order_acquire)); }
+  bool empty() const;  // nothing in flight
+  int64_t rows_in_flight() const { return rows_in_flight_.load(std::memory_order_relaxed); }
+  size_t awaiting_mark() const;
+  std::optional<std::string> failure() const;
+  TrackerStats stats() const;
+  // Waits until something completes (a delivery, a mark) or `timeout` passes.
+  void WaitForProgress(std::chrono::milliseconds timeout);
+  // Waits until nothing is in flight; false on timeout or failure.
+  bool WaitEmpty(std::chrono::milliseconds timeout);
+  // Wakes every waiter (shutdown).
+  void Wake();
+
+ private:
+  void Complete(Transaction* tx);                // pending reached 0
+  void AdvanceLocked();                          // pop the done prefix
+  void Release(Transaction* tx, int64_t count);  // pending -= count
+
+  mutable std::mutex mu_;
+  std::condition_variable progress_;   // deliveries, marks, confirmations
+  std::condition_variable delivered_;  // for the marker
+  std::deque<std::unique_ptr<Transaction>> in_flight_;  // stream order
+  std::deque<Transaction*> to_mark_;                     // delivered, not taken yet
+  size_t awaiting_mark_ = 0;
+  std::optional<std::string> failure_;
+  uint64_t failed_seq_ = UINT64_MAX;  // nothing at or after it is confirmed
+  std::atomic<uint64_t> confirmed_{0};
+  std::atomic<int64_t> rows_in_flight_{0};
+  uint64_t next_seq_ = 0;
+  const bool marking_;
+};
+
+}  // namespace outbox_relay::tracking

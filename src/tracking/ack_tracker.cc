@@ -1,0 +1,159 @@
+#include "outbox_relay/tracking/ack_tracker.h"
+
+#include <algorithm>
+
+namespace outbox_relay::tracking {
+
+AckTracker::AckTracker(Lsn start, bool marking) : marking_(marking) {
+  confirmed_.store(start.value(), std::memory_order_release);
+}
+
+Transaction* AckTracker::Begin(Lsn final_lsn, PgTimestamp commit_time, uint32_t xid) {
+  auto tx = std::make_unique<Transaction>();
+  tx->seq = next_seq_++;
+  tx->final_lsn = final_lsn;
+  tx->commit_time = commit_time;
+  tx->xid = xid;
+  Transaction* raw = tx.get();
+  std::lock_guard lock(mu_);
+  in_flight_.push_back(std::move(tx));
+  return raw;
+}
+
+void AckTracker::AddMessage(Transaction* tx) {
+  tx->pending.fetch_add(1, std::memory_order_relaxed);
+  ++tx->rows;
+  rows_in_flight_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void AckTracker::NoteTransactionId(Transaction* tx, uint64_t xid8) {
+  auto& ids = tx->transaction_ids;
+  // Almost always one value per transaction; a linear scan beats a set.
+  if (!ids.empty() && ids.back() == xid8) return;
+  if (std::find(ids.begin(), ids.end(), xid8) == ids.end()) ids.push_back(xid8);
+}
+
+void AckTracker::Commit(Transaction* tx, Lsn end_lsn) {
+  tx->end_lsn = end_lsn;
+  Release(tx, 1);  // the "open" token: from here only deliveries remain
+}
+
+void AckTracker::Abandon(Transaction* tx) {
+  tx->abandoned = true;
+  Release(tx, 1);
+}
+
+void AckTracker::OnDelivered(Transaction* tx) {
+  rows_in_flight_.fetch_sub(1, std::memory_order_relaxed);
+  Release(tx, 1);
+}
+
+void AckTracker::OnFailed(Transaction* tx, std::string reason) {
+  rows_in_flight_.fetch_sub(1, std::memory_order_relaxed);
+  std::lock_guard lock(mu_);
+  if (!failure_) failure_ = std::move(reason);
+  failed_seq_ = std::min(failed_seq_, tx->seq);
+  // The transaction never completes: its pending count keeps the token of
+  // the failed message, so it can neither be marked nor confirmed.
+  progress_.notify_all();
+  delivered_.notify_all();
+}
+
+void AckTracker::Release(Transaction* tx, int64_t count) {
+  // acq_rel: the thread that completes the transaction sees every write made
+  // before any release (end_lsn, rows, transaction_ids).
+  if (tx->pending.fetch_sub(count, std::memory_order_acq_rel) == count) Complete(tx);
+}
+
+void AckTracker::Complete(Transaction* tx) {
+  std::lock_guard lock(mu_);
+  tx->delivered = true;
+  if (tx->abandoned || !marking_) {
+    tx->marked = true;  // nothing to mark: abandoned rows come again with the re-sent transaction
+  } else {
+    to_mark_.push_back(tx);
+    ++awaiting_mark_;
+    delivered_.notify_one();
+  }
+  AdvanceLocked();
+  progress_.notify_all();
+}
+
+void AckTracker::AdvanceLocked() {
+  uint64_t confirmed = confirmed_.load(std::memory_order_relaxed);
+  while (!in_flight_.empty()) {
+    Transaction* head = in_flight_.front().get();
+    if (!head->delivered || !head->marked || head->seq >= failed_seq_) break;
+    if (!head->abandoned) confirmed = std::max(confirmed, head->end_lsn.value());
+    in_flight_.pop_front();
+  }
+  confirmed_.store(confirmed, std::memory_order_release);
+}
+
+bool AckTracker::FollowServer(Lsn wal_end) {
+  std::lock_guard lock(mu_);
+  if (!in_flight_.empty() || failure_) return false;
+  if (wal_end.value() <= confirmed_.load(std::memory_order_relaxed)) return false;
+  confirmed_.store(wal_end.value(), std::memory_order_release);
+  return true;
+}
+
+void AckTracker::TakeDelivered(std::vector<Transaction*>* out, size_t max,
+                               std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  delivered_.wait_for(lock, timeout, [&] { return !to_mark_.empty(); });
+  while (!to_mark_.empty() && out->size() < max) {
+    out->push_back(to_mark_.front());
+    to_mark_.pop_front();
+  }
+}
+
+void AckTracker::OnMarked(const std::vector<Transaction*>& txs) {
+  std::lock_guard lock(mu_);
+  for (Transaction* tx : txs) {
+    tx->marked = true;
+    --awaiting_mark_;
+  }
+  AdvanceLocked();
+  progress_.notify_all();
+}
+
+bool AckTracker::empty() const {
+  std::lock_guard lock(mu_);
+  return in_flight_.empty();
+}
+
+size_t AckTracker::awaiting_mark() const {
+  std::lock_guard lock(mu_);
+  return awaiting_mark_;
+}
+
+std::optional<std::string> AckTracker::failure() const {
+  std::lock_guard lock(mu_);
+  return failure_;
+}
+
+TrackerStats AckTracker::stats() const {
+  std::lock_guard lock(mu_);
+  return TrackerStats{in_flight_.size(), rows_in_flight_.load(std::memory_order_relaxed),
+                      awaiting_mark_, Lsn(confirmed_.load(std::memory_order_relaxed))};
+}
+
+void AckTracker::WaitForProgress(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  progress_.wait_for(lock, timeout);
+}
+
+bool AckTracker::WaitEmpty(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  progress_.wait_for(lock, timeout, [&] { return in_flight_.empty() || failure_.has_value(); });
+  return in_flight_.empty() && !failure_;
+}
+
+void AckTracker::Wake() {
+  std::lock_guard lock(mu_);
+  progress_.notify_all();
+  delivered_.notify_all();
+}
+
+}  // namespace outbox_relay::tracking

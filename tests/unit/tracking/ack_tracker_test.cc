@@ -1,0 +1,239 @@
+// The confirmation rule, as executable examples.
+#include "outbox_relay/tracking/ack_tracker.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <thread>
+
+namespace outbox_relay::tracking {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A transaction of `rows` messages whose commit record ends at `end`.
+Transaction* AddTx(AckTracker& t, uint64_t end, int rows, uint64_t xid8 = 0) {
+  Transaction* tx = t.Begin(Lsn(end - 1), PgTimestamp{}, static_cast<uint32_t>(end));
+  for (int i = 0; i < rows; ++i) {
+    t.AddMessage(tx);
+    AckTracker::NoteTransactionId(tx, xid8 ? xid8 : end);
+  }
+  t.Commit(tx, Lsn(end));
+  return tx;
+}
+
+// Plays the marker: takes everything delivered and marks it.
+size_t MarkAll(AckTracker& t) {
+  std::vector<Transaction*> batch;
+  t.TakeDelivered(&batch, 1000, 0ms);
+  t.OnMarked(batch);
+  return batch.size();
+}
+
+TEST(AckTracker, StartsAtTheGivenPosition) {
+  AckTracker t(Lsn(0x100));
+  EXPECT_EQ(t.confirmed(), Lsn(0x100));
+  EXPECT_TRUE(t.empty());
+}
+
+TEST(AckTracker, ConfirmsTransactionOnlyWhenDeliveredAndMarked) {
+  AckTracker t(Lsn(1));
+  Transaction* a = AddTx(t, 100, 2);
+  t.OnDelivered(a);
+  EXPECT_EQ(t.confirmed(), Lsn(1)) << "one of two rows acked";
+  t.OnDelivered(a);
+  EXPECT_EQ(t.confirmed(), Lsn(1)) << "acked but not yet marked";
+  EXPECT_EQ(t.awaiting_mark(), 1u);
+  EXPECT_EQ(MarkAll(t), 1u);
+  EXPECT_EQ(t.confirmed(), Lsn(100));
+  EXPECT_TRUE(t.empty());
+}
+
+TEST(AckTracker, OutOfOrderAcksConfirmOnlyTheDonePrefix) {
+  AckTracker t(Lsn(1));
+  Transaction* a = AddTx(t, 100, 1);
+  Transaction* b = AddTx(t, 200, 1);
+  Transaction* c = AddTx(t, 300, 1);
+  t.OnDelivered(c);
+  t.OnDelivered(b);
+  MarkAll(t);
+  EXPECT_EQ(t.confirmed(), Lsn(1)) << "b and c are done but a, committed before them, is not";
+  t.OnDelivered(a);
+  MarkAll(t);
+  EXPECT_EQ(t.confirmed(), Lsn(300));
+}
+
+TEST(AckTracker, MarkingOutOfOrderAlsoWaitsForThePrefix) {
+  AckTracker t(Lsn(1));
+  Transaction* a = AddTx(t, 100, 1);
+  Transaction* b = AddTx(t, 200, 1);
+  t.OnDelivered(b);
+  MarkAll(t);  // b marked first
+  EXPECT_EQ(t.confirmed(), Lsn(1));
+  t.OnDelivered(a);
+  EXPECT_EQ(t.confirmed(), Lsn(1)) << "a delivered but not marked";
+  MarkAll(t);
+  EXPECT_EQ(t.confirmed(), Lsn(200));
+}
+
+TEST(AckTracker, OpenTransactionBlocksConfirmationEvenWhenItsRowsAreAcked) {
+  AckTracker t(Lsn(1));
+  Transaction* tx = t.Begin(Lsn(99), PgTimestamp{}, 7);
+  t.AddMessage(tx);
+  t.OnDelivered(tx);
+  MarkAll(t);
+  EXPECT_EQ(t.confirmed(), Lsn(1)) << "no Commit seen yet";
+  EXPECT_FALSE(t.empty());
+  t.Commit(tx, Lsn(100));
+  MarkAll(t);
+  EXPECT_EQ(t.confirmed(), Lsn(100));
+}
+
+TEST(AckTracker, TransactionWithoutRowsConfirmsAtCommit) {
+  AckTracker t(Lsn(1));
+  AddTx(t, 100, 0);
+  MarkAll(t);
+  EXPECT_EQ(t.confirmed(), Lsn(100));
+}
+
+TEST(AckTracker, IdleRuleFollowsServerOnlyWhenNothingIsInFlight) {
+  AckTracker t(Lsn(1));
+  EXPECT_TRUE(t.FollowServer(Lsn(500)));
+  EXPECT_EQ(t.confirmed(), Lsn(500));
+  Transaction* a = AddTx(t, 600, 1);
+  EXPECT_FALSE(t.FollowServer(Lsn(900))) << "a keepalive must not confirm past an unacked row";
+  EXPECT_EQ(t.confirmed(), Lsn(500));
+  t.OnDelivered(a);
+  MarkAll(t);
+  EXPECT_EQ(t.confirmed(), Lsn(600));
+  EXPECT_TRUE(t.FollowServer(Lsn(900)));
+  EXPECT_EQ(t.confirmed(), Lsn(900));
+  EXPECT_FALSE(t.FollowServer(Lsn(800))) << "never backwards";
+  EXPECT_EQ(t.confirmed(), Lsn(900));
+}
+
+TEST(AckTracker, OpenTransactionWithoutRowsStillBlocksTheIdleRule) {
+  AckTracker t(Lsn(1));
+  Transaction* tx = t.Begin(Lsn(99), PgTimestamp{}, 7);
+  EXPECT_FALSE(t.FollowServer(Lsn(500)));
+  t.Commit(tx, Lsn(100));
+  MarkAll(t);
+  EXPECT_TRUE(t.FollowServer(Lsn(500)));
+}
+
+TEST(AckTracker, AbandonedTransactionNeverConfirmsAndIsNotMarked) {
+  AckTracker t(Lsn(1));
+  Transaction* a = AddTx(t, 100, 1);
+  Transaction* open = t.Begin(Lsn(199), PgTimestamp{}, 8);
+  t.AddMessage(open);
+  t.Abandon(open);  // the stream broke before its Commit
+  t.OnDelivered(open);
+  t.OnDelivered(a);
+  EXPECT_EQ(MarkAll(t), 1u) << "only the committed transaction goes to the marker";
+  EXPECT_EQ(t.confirmed(), Lsn(100));
+  EXPECT_TRUE(t.empty());
+}
+
+TEST(AckTracker, FailedDeliveryStopsConfirmationAtThatTransaction) {
+  AckTracker t(Lsn(1));
+  Transaction* a = AddTx(t, 100, 1);
+  Transaction* b = AddTx(t, 200, 2);
+  Transaction* c = AddTx(t, 300, 1);
+  t.OnDelivered(a);
+  t.OnDelivered(b);
+  t.OnFailed(b, "Broker: Message size too large");
+  t.OnDelivered(c);
+  MarkAll(t);
+  EXPECT_EQ(t.confirmed(), Lsn(100));
+  ASSERT_TRUE(t.failure().has_value());
+  EXPECT_EQ(*t.failure(), "Broker: Message size too large");
+  EXPECT_FALSE(t.FollowServer(Lsn(1000)));
+  EXPECT_FALSE(t.WaitEmpty(0ms));
+}
+
+TEST(AckTracker, MarkingOffConfirmsOnDelivery) {
+  AckTracker t(Lsn(1), /*marking=*/false);
+  Transaction* a = AddTx(t, 100, 1);
+  t.OnDelivered(a);
+  EXPECT_EQ(t.confirmed(), Lsn(100));
+  EXPECT_EQ(t.awaiting_mark(), 0u);
+}
+
+TEST(AckTracker, DistinctTransactionIdsAreRecordedForMarking) {
+  AckTracker t(Lsn(1));
+  Transaction* tx = t.Begin(Lsn(99), PgTimestamp{}, 7);
+  for (uint64_t id : {5ull, 5ull, 6ull, 5ull}) AckTracker::NoteTransactionId(tx, id);
+  EXPECT_EQ(tx->transaction_ids, (std::vector<uint64_t>{5, 6}));
+  t.Commit(tx, Lsn(100));
+}
+
+TEST(AckTracker, CountsRowsInFlight) {
+  AckTracker t(Lsn(1));
+  Transaction* a = AddTx(t, 100, 3);
+  EXPECT_EQ(t.rows_in_flight(), 3);
+  t.OnDelivered(a);
+  EXPECT_EQ(t.rows_in_flight(), 2);
+}
+
+// Many transactions, acks in random order from another thread, a marker
+// thread: the confirmed position only ever grows, never passes an
+// incomplete transaction, and ends at the last commit.
+TEST(AckTracker, ConcurrentRandomAcksNeverConfirmPastAnIncompleteTransaction) {
+  constexpr int kTx = 2000;
+  AckTracker t(Lsn(1));
+  std::vector<Transaction*> txs;
+  std::vector<std::pair<Transaction*, uint64_t>> messages;  // (tx, its end)
+  std::mt19937 rng(42);
+  for (int i = 0; i < kTx; ++i) {
+    int rows = 1 + static_cast<int>(rng() % 5);
+    uint64_t end = 1000 + static_cast<uint64_t>(i) * 10;
+    Transaction* tx = AddTx(t, end, rows);
+    txs.push_back(tx);
+    for (int r = 0; r < rows; ++r) messages.emplace_back(tx, end);
+  }
+  std::shuffle(messages.begin(), messages.end(), rng);
+  // ends of transactions with all their acks; the oracle of what may be confirmed.
+  std::vector<std::atomic<int>> acked(kTx);
+  std::atomic<bool> stop{false};
+  std::thread marker([&] {
+    std::vector<Transaction*> batch;
+    while (!stop.load()) {
+      batch.clear();
+      t.TakeDelivered(&batch, 64, 1ms);
+      t.OnMarked(batch);
+    }
+  });
+  std::atomic<uint64_t> violations{0};
+  std::thread watcher([&] {
+    uint64_t last = 0;
+    while (!stop.load()) {
+      uint64_t c = t.confirmed().value();
+      if (c < last) violations++;
+      last = c;
+    }
+  });
+  std::vector<int> remaining(kTx);
+  for (int i = 0; i < kTx; ++i) remaining[i] = static_cast<int>(txs[i]->rows);
+  std::vector<bool> done(kTx, false);
+  for (auto& [tx, end] : messages) {
+    int idx = static_cast<int>((end - 1000) / 10);
+    if (--remaining[idx] == 0) done[idx] = true;
+    t.OnDelivered(tx);
+    // Everything confirmed must be within the fully-acked prefix.
+    uint64_t c = t.confirmed().value();
+    int prefix = 0;
+    while (prefix < kTx && done[prefix]) ++prefix;
+    uint64_t allowed = prefix == 0 ? 1 : 1000 + static_cast<uint64_t>(prefix - 1) * 10;
+    ASSERT_LE(c, allowed);
+  }
+  ASSERT_TRUE(t.WaitEmpty(5s));
+  stop = true;
+  t.Wake();
+  marker.join();
+  watcher.join();
+  EXPECT_EQ(violations.load(), 0u);
+  EXPECT_EQ(t.confirmed(), Lsn(1000 + (kTx - 1) * 10));
+}
+
+}  // namespace
+}  // namespace outbox_relay::tracking
