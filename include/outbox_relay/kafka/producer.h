@@ -1,0 +1,80 @@
+// The librdkafka producer behind the Sink contract.
+//
+// Configured for no loss: enable.idempotence=true, acks=all and an infinite
+// message.timeout.ms, so a record is never given up on because Kafka was
+// away for a while; it either gets acknowledged or the producer hits a fatal
+// error and the relay stops without confirming it (the slot replays it).
+// Any librdkafka property can be passed through (TLS, SASL, compression...);
+// the few that would break the guarantees are refused at start.
+#pragma once
+
+#include <librdkafka/rdkafka.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "outbox_relay/kafka/sink.h"
+
+namespace outbox_relay::kafka {
+
+struct ProducerOptions {
+  std::string brokers;
+  // Applied after our defaults, in order; the user's word wins except where
+  // it would break delivery guarantees.
+  std::vector<std::pair<std::string, std::string>> properties;
+};
+
+// Our defaults, then the user's properties. kInvalidArgument names a
+// property that is unknown, has a bad value, or breaks the guarantees.
+Result<std::map<std::string, std::string>> ProducerConfig(const ProducerOptions& options);
+
+template <auto Fn>
+struct KafkaDeleter {
+  template <typename T>
+  void operator()(T* p) const {
+    Fn(p);
+  }
+};
+using KafkaHandle = std::unique_ptr<rd_kafka_t, KafkaDeleter<rd_kafka_destroy>>;
+using TopicHandle = std::unique_ptr<rd_kafka_topic_t, KafkaDeleter<rd_kafka_topic_destroy>>;
+
+class KafkaProducer final : public Sink {
+ public:
+  // Starts the delivery-report thread, which calls `on_delivery`.
+  static Result<std::unique_ptr<KafkaProducer>> Create(const ProducerOptions& options,
+                                                       DeliveryCallback on_delivery);
+  ~KafkaProducer() override;
+
+  Result<Accepted> Produce(const outbox::KafkaRecord& record, void* opaque) override;
+  Status Flush(std::chrono::milliseconds timeout) override;
+  bool Reachable() const override;
+
+  // Broker metadata request: ok when a broker answered within `timeout`.
+  Status CheckConnection(std::chrono::milliseconds timeout);
+  rd_kafka_t* handle() const { return rk_.get(); }
+
+ private:
+  KafkaProducer() = default;
+  static void OnDeliveryReport(rd_kafka_t* rk, const rd_kafka_message_t* msg, void* opaque);
+  static void OnError(rd_kafka_t* rk, int err, const char* reason, void* opaque);
+  static void OnLog(const rd_kafka_t* rk, int level, const char* fac, const char* buf);
+  rd_kafka_topic_t* Topic(std::string_view name);
+  void PollLoop();
+
+  KafkaHandle rk_;
+  DeliveryCallback on_delivery_;
+  std::mutex topics_mu_;
+  std::unordered_map<std::string, TopicHandle> topics_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> brokers_down_{false};
+  std::thread poller_;
+  Delivery scratch_;  // reused by the delivery-report thread only
+};
+
+}  // namespace outbox_relay::kafka

@@ -1,0 +1,87 @@
+// The marker: writes `offset_acked = offset_consumed` for delivered
+// transactions and records them in the commit-LSN index, on its own
+// connection, in batches.
+//
+// It is the (b) half of the confirmation rule: the tracker hands it
+// transactions whose rows Kafka has acknowledged; only after the marker's
+// statement commits does the tracker consider them done, so the slot never
+// moves past a row that the table still shows as unpublished. Marking is by
+// transaction (every row of a committed transaction is delivered together):
+//   UPDATE outbox SET offset_acked = offset_consumed
+//    WHERE transaction_id = ANY($1) AND offset_acked IS NULL
+// uses the primary key's leading column. Idempotent: a re-sent transaction
+// marks nothing twice.
+//
+// Database errors are retried with backoff on a fresh connection; marking
+// stalls meanwhile and the relay's backpressure holds the stream (the seed's
+// reason db_ack).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "outbox_relay/core/result.h"
+#include "outbox_relay/pg/connection.h"
+#include "outbox_relay/tracking/ack_tracker.h"
+
+namespace outbox_relay::marker {
+
+struct MarkerOptions {
+  std::string database_url;
+  pg::QualifiedName table;
+  std::string transaction_id_column = "transaction_id";
+  std::string offset_column = "offset_consumed";
+  std::string acked_column = "offset_acked";
+  std::string slot_name;
+  size_t batch_max = 2000;  // transactions per statement
+};
+
+struct MarkerStats {
+  uint64_t batches = 0;
+  uint64_t transactions = 0;
+  uint64_t rows_marked = 0;
+  uint64_t errors = 0;
+};
+
+class Marker {
+ public:
+  using ErrorHook = std::function<void(const Error&)>;
+
+  Marker(MarkerOptions options, tracking::AckTracker* tracker, ErrorHook on_error = {});
+  ~Marker();
+  Marker(const Marker&) = delete;
+  Marker& operator=(const Marker&) = delete;
+
+  // Connects and starts the thread. Fails when the first connection fails.
+  Status Start();
+  // Marks what is already delivered (bounded by `timeout`), then stops.
+  void Stop(std::chrono::milliseconds timeout);
+
+  MarkerStats stats() const;
+
+  // The statement text (exposed for tests and `check`).
+  static std::string MarkSql(const MarkerOptions& options);
+
+ private:
+  void Loop();
+  Status Connect();
+  Status MarkBatch(const std::vector<tracking::Transaction*>& batch);
+
+  MarkerOptions options_;
+  tracking::AckTracker* tracker_;
+  ErrorHook on_error_;
+  std::optional<pg::Connection> conn_;
+  std::thread thread_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int64_t> deadline_ns_{0};
+  std::atomic<uint64_t> batches_{0}, transactions_{0}, rows_marked_{0}, errors_{0};
+  // Reused parameter buffers.
+  std::string xids_, commit_lsns_, end_lsns_, times_, counts_, tx_xids_;
+};
+
+}  // namespace outbox_relay::marker

@@ -1,0 +1,39 @@
+// The relay's own tables, in schema outbox_relay:
+//   commits  — the commit-LSN index: one row per published transaction
+//              (slot, commit LSN, end LSN, xid8s, commit time, rows); what
+//              `replay --from-lsn` reads (DESIGN §6).
+//   state    — key/value state per slot (the stored backfill snapshot).
+#pragma once
+
+#include "outbox_relay/core/result.h"
+#include "outbox_relay/pg/connection.h"
+
+namespace outbox_relay::pg {
+
+inline constexpr const char* kRelaySchemaDdl = R"sql(
+CREATE SCHEMA IF NOT EXISTS outbox_relay;
+CREATE TABLE IF NOT EXISTS outbox_relay.commits (
+    slot_name       TEXT        NOT NULL,
+    commit_lsn      PG_LSN      NOT NULL,
+    end_lsn         PG_LSN      NOT NULL,
+    transaction_ids XID8[]      NOT NULL,
+    commit_time     TIMESTAMPTZ NOT NULL,
+    row_count       INTEGER     NOT NULL,
+    recorded_at     TIMESTAMPTZ NOT NULL DEFAULT NOW(),
+    PRIMARY KEY (slot_name, commit_lsn)
+);
+CREATE INDEX IF NOT EXISTS commits_commit_time ON outbox_relay.commits (slot_name, commit_time);
+CREATE TABLE IF NOT EXISTS outbox_relay.state (
+    slot_name  TEXT        NOT NULL,
+    key        TEXT        NOT NULL,
+    value      TEXT        NOT NULL,
+    updated_at TIMESTAMPTZ NOT NULL DEFAULT NOW(),
+    PRIMARY KEY (slot_name, key)
+);
+)sql";
+
+// Creates the schema and tables when missing (idempotent). Without the
+// privilege: kPermission with the SQL to run.
+Status EnsureRelaySchema(Connection& conn);
+
+}  // namespace outbox_relay::pg

@@ -1,0 +1,197 @@
+#include "outbox_relay/pg/replication.h"
+
+#include <poll.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <charconv>
+
+namespace outbox_relay::pg {
+
+namespace {
+
+Lsn ParseLsnOrZero(std::optional<std::string_view> text) {
+  if (!text) return kInvalidLsn;
+  auto lsn = Lsn::Parse(*text);
+  return lsn ? *lsn : kInvalidLsn;
+}
+
+}  // namespace
+
+Result<SlotInfo> QuerySlot(Connection& conn, std::string_view slot) {
+  std::optional<std::string> params[] = {std::string(slot)};
+  auto res = conn.ExecParams(
+      "SELECT plugin, database, active, active_pid, restart_lsn, confirmed_flush_lsn, "
+      "wal_status, (pg_current_wal_lsn() - restart_lsn)::bigint "
+      "FROM pg_replication_slots WHERE slot_name = $1",
+      params);
+  if (!res) return std::unexpected(res.error());
+  SlotInfo info;
+  PGresult* r = res->get();
+  if (PQntuples(r) == 0) return info;
+  info.exists = true;
+  info.plugin = GetValue(r, 0, 0).value_or("");
+  info.database = GetValue(r, 0, 1).value_or("");
+  info.active = GetValue(r, 0, 2).value_or("f") == "t";
+  if (auto pid = GetValue(r, 0, 3)) {
+    int v = 0;
+    std::from_chars(pid->data(), pid->data() + pid->size(), v);
+    info.active_pid = v;
+  }
+  info.restart_lsn = ParseLsnOrZero(GetValue(r, 0, 4));
+  info.confirmed_flush_lsn = ParseLsnOrZero(GetValue(r, 0, 5));
+  info.wal_status = GetValue(r, 0, 6).value_or("");
+  if (auto bytes = GetValue(r, 0, 7)) {
+    int64_t v = 0;
+    std::from_chars(bytes->data(), bytes->data() + bytes->size(), v);
+    info.retained_bytes = v;
+  }
+  return info;
+}
+
+Result<CreatedSlot> CreateSlot(Connection& replication_conn, std::string_view slot,
+                               bool export_snapshot) {
+  std::string sql = fmt::format("CREATE_REPLICATION_SLOT {} LOGICAL pgoutput (SNAPSHOT '{}')",
+                                QuoteIdent(slot), export_snapshot ? "export" : "nothing");
+  auto res = replication_conn.Exec(sql);
+  if (!res) {
+    Error e = res.error();
+    if (e.code == ErrorCode::kPermission) {
+      e.message += fmt::format(
+          "\nThe relay's role needs the REPLICATION attribute to create the slot. Run as a "
+          "superuser:\n  ALTER ROLE {} REPLICATION;\nor create the slot yourself:\n  SELECT "
+          "pg_create_logical_replication_slot({}, 'pgoutput');",
+          QuoteIdent(replication_conn.user()), QuoteLiteral(slot));
+    }
+    return std::unexpected(std::move(e));
+  }
+  // Columns: slot_name, consistent_point, snapshot_name, output_plugin.
+  CreatedSlot out;
+  out.consistent_point = ParseLsnOrZero(GetValue(res->get(), 0, 1));
+  out.snapshot_name = std::string(GetValue(res->get(), 0, 2).value_or(""));
+  return out;
+}
+
+Status EnsurePublication(Connection& conn, std::string_view publication,
+                         const QualifiedName& table) {
+  std::optional<std::string> params[] = {std::string(publication)};
+  auto res = conn.ExecParams("SELECT 1 FROM pg_publication WHERE pubname = $1", params);
+  if (!res) return std::unexpected(res.error());
+  if (PQntuples(res->get()) > 0) return Ok();
+  std::string sql = fmt::format("CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')",
+                                QuoteIdent(publication), table.Quoted());
+  auto created = conn.Exec(sql);
+  if (!created) {
+    Error e = created.error();
+    if (e.code == ErrorCode::kPermission) {
+      e.message += fmt::format(
+          "\nThe relay's role may not create the publication. Run as the table owner or a "
+          "superuser:\n  {};",
+          sql);
+    }
+    return std::unexpected(std::move(e));
+  }
+  return Ok();
+}
+
+Result<ReplicationStream> ReplicationStream::Start(Connection conn, std::string_view slot,
+                                                   std::string_view publication, Lsn start) {
+  // publication_names is a list of identifiers inside a string literal.
+  std::string sql = fmt::format(
+      "START_REPLICATION SLOT {} LOGICAL {} (proto_version '1', publication_names {})",
+      QuoteIdent(slot), start, QuoteLiteral(QuoteIdent(publication)));
+  ResultHandle res(PQexec(conn.get(), sql.c_str()));
+  if (!res || PQresultStatus(res.get()) != PGRES_COPY_BOTH) {
+    return std::unexpected(ErrorFromResult(res.get(), conn.get(), "START_REPLICATION"));
+  }
+  if (PQsetnonblocking(conn.get(), 1) != 0) {
+    return Fail(ErrorCode::kTransient, "set non-blocking: {}", PQerrorMessage(conn.get()));
+  }
+  return ReplicationStream(std::move(conn));
+}
+
+Result<std::optional<std::string_view>> ReplicationStream::TryRead() {
+  current_.reset();
+  char* buf = nullptr;
+  int n = PQgetCopyData(conn_.get(), &buf, /*async=*/1);
+  if (n == 0) {
+    // Nothing complete in libpq's buffer: pull what the socket has.
+    if (PQconsumeInput(conn_.get()) == 0) {
+      return Fail(ErrorCode::kTransient, "replication connection: {}",
+                  PQerrorMessage(conn_.get()));
+    }
+    n = PQgetCopyData(conn_.get(), &buf, 1);
+  }
+  if (n > 0) {
+    current_.reset(buf);
+    return std::optional<std::string_view>(std::string_view(buf, static_cast<size_t>(n)));
+  }
+  if (n == 0) return std::optional<std::string_view>();
+  return std::unexpected(StreamEnded());
+}
+
+Error ReplicationStream::StreamEnded() {
+  // -1: the server ended the COPY; the reason is in the following result.
+  ResultHandle res(PQgetResult(conn_.get()));
+  if (res && PQresultStatus(res.get()) == PGRES_COMMAND_OK) {
+    return Error{ErrorCode::kTransient, "the server ended the replication stream"};
+  }
+  return ErrorFromResult(res.get(), conn_.get(), "replication stream");
+}
+
+Status ReplicationStream::Wait(std::chrono::milliseconds timeout, bool want_read) {
+  pollfd pfd{};
+  pfd.fd = PQsocket(conn_.get());
+  if (pfd.fd < 0) return Fail(ErrorCode::kTransient, "replication connection has no socket");
+  pfd.events = want_read ? POLLIN : 0;
+  if (PQisBusy(conn_.get()) || PQflush(conn_.get()) == 1) pfd.events |= POLLOUT;
+  if (pfd.events == 0) pfd.events = POLLIN;
+  int rc = poll(&pfd, 1, static_cast<int>(timeout.count()));
+  if (rc < 0 && errno != EINTR) {
+    return Fail(ErrorCode::kTransient, "poll replication socket: {}", std::strerror(errno));
+  }
+  if (pfd.revents & POLLOUT) return FlushOutput();
+  return Ok();
+}
+
+Status ReplicationStream::FlushOutput() {
+  if (PQflush(conn_.get()) < 0) {
+    return Fail(ErrorCode::kTransient, "send to the server: {}", PQerrorMessage(conn_.get()));
+  }
+  return Ok();
+}
+
+Status ReplicationStream::SendStatus(const walproto::StandbyStatusUpdate& update) {
+  std::string msg = walproto::Encode(update);
+  if (PQputCopyData(conn_.get(), msg.data(), static_cast<int>(msg.size())) != 1) {
+    return Fail(ErrorCode::kTransient, "send standby status: {}", PQerrorMessage(conn_.get()));
+  }
+  return FlushOutput();
+}
+
+Status ReplicationStream::Finish(std::chrono::milliseconds timeout) {
+  if (PQputCopyEnd(conn_.get(), nullptr) != 1) {
+    return Fail(ErrorCode::kTransient, "send CopyDone: {}", PQerrorMessage(conn_.get()));
+  }
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  // Drain what the server still sends until it answers our CopyDone.
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (PQflush(conn_.get()) < 0) break;
+    if (PQconsumeInput(conn_.get()) == 0) break;
+    char* buf = nullptr;
+    int n = 0;
+    while ((n = PQgetCopyData(conn_.get(), &buf, 1)) > 0) PQfreemem(buf);
+    if (n == -1 || n == -2) break;
+    pollfd pfd{PQsocket(conn_.get()), POLLIN, 0};
+    poll(&pfd, 1, 50);
+  }
+  // Collect the final results without blocking on a server that went quiet.
+  while (PQconsumeInput(conn_.get()) != 0 && !PQisBusy(conn_.get())) {
+    ResultHandle res(PQgetResult(conn_.get()));
+    if (!res) break;
+  }
+  return Ok();
+}
+
+}  // namespace outbox_relay::pg
