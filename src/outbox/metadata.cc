@@ -1,0 +1,247 @@
+// Metadata: the outbox row's envelope JSON as sorted (key, value) string pairs.
+//
+// Contract (record.h): the input is what Go's json.Marshal(map[string]string)
+// writes. Keys and values are fully unescaped; entries are sorted byte-wise
+// by key and unique (last duplicate wins); a JSON null value is "". SQL NULL
+// or a `null` document means no entries. Anything else is kPoison.
+//
+// Why simdjson's DOM API rather than On-Demand: DOM validates the whole
+// document (structure, UTF-8, escapes, trailing content) before we look at a
+// single value, so "valid" means exactly RFC 8259 and not "valid as far as we
+// iterated". For a ~300-byte object of strings the cost difference is small.
+//
+// Memory: the padded input copy, the simdjson parser and the arena of
+// unescaped strings all live in Impl and only grow, so parsing rows of a
+// similar size does not allocate. Entries are kept as offsets into the arena
+// and the string_view pairs are rebuilt after every change: the arena may
+// reallocate when it grows, and views taken before that would dangle.
+#include <simdjson.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <utility>
+
+#include "outbox_relay/outbox/record.h"
+
+namespace outbox_relay::outbox {
+
+namespace {
+
+// Keeps error messages bounded: a key can be arbitrarily long. Cuts at a
+// UTF-8 character boundary so the message stays valid UTF-8.
+std::string_view Shorten(std::string_view s, size_t max = 128) {
+  if (s.size() <= max) return s;
+  size_t n = max;
+  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+  return s.substr(0, n);
+}
+
+std::string_view Ellipsis(std::string_view s, size_t max = 128) {
+  return s.size() <= max ? "" : "...";
+}
+
+std::string_view DescribeType(simdjson::dom::element_type type) {
+  using T = simdjson::dom::element_type;
+  switch (type) {
+    case T::ARRAY:
+      return "an array";
+    case T::OBJECT:
+      return "an object";
+    case T::INT64:
+    case T::UINT64:
+    case T::DOUBLE:
+      return "a number";
+    case T::STRING:
+      return "a string";
+    case T::BOOL:
+      return "a boolean";
+    case T::NULL_VALUE:
+      return "null";
+  }
+  return "an unknown JSON type";
+}
+
+}  // namespace
+
+struct Metadata::Impl {
+  // Where a string lives in `arena`.
+  struct Span {
+    size_t offset = 0;
+    size_t size = 0;
+  };
+  struct Entry {
+    Span key;
+    Span value;
+    size_t order = 0;  // position in the document, for last-wins on duplicates
+  };
+
+  simdjson::dom::parser parser;
+  // A copy of the input followed by SIMDJSON_PADDING bytes, as simdjson reads
+  // in SIMD blocks past the end. Zero-filled when (re)allocated so the padding
+  // is never uninitialized memory.
+  std::unique_ptr<char[]> input;
+  size_t input_capacity = 0;
+  std::string arena;           // unescaped keys and values
+  std::vector<Entry> entries;  // sorted by key once a Parse or Set completes
+
+  std::string_view View(Span s) const { return std::string_view(arena).substr(s.offset, s.size); }
+
+  // Stores `s` in the arena. A view that already points into the arena (for
+  // example a value from Get() passed back to Set()) is referenced, not copied.
+  Span Store(std::string_view s) {
+    if (const char* base = arena.data();
+        !s.empty() && s.data() >= base && s.data() + s.size() <= base + arena.size()) {
+      return Span{static_cast<size_t>(s.data() - base), s.size()};
+    }
+    Span span{arena.size(), s.size()};
+    arena.append(s);
+    return span;
+  }
+
+  void Reset() {
+    arena.clear();
+    entries.clear();
+  }
+};
+
+Metadata::Metadata() : impl_(new Impl) {}
+
+Metadata::~Metadata() { delete impl_; }
+
+// entries_ views point into *impl_'s arena, which moves with the pointer.
+Metadata::Metadata(Metadata&& other) noexcept
+    : impl_(std::exchange(other.impl_, nullptr)), entries_(std::move(other.entries_)) {
+  other.entries_.clear();
+}
+
+Metadata& Metadata::operator=(Metadata&& other) noexcept {
+  if (this != &other) {
+    std::swap(impl_, other.impl_);
+    std::swap(entries_, other.entries_);
+  }
+  return *this;
+}
+
+Status Metadata::Parse(std::optional<std::string_view> json) {
+  if (impl_ == nullptr) impl_ = new Impl;  // a moved-from Metadata is usable again
+  Impl& im = *impl_;
+  im.Reset();
+  entries_.clear();
+  if (!json) return Ok();
+
+  const size_t needed = json->size() + simdjson::SIMDJSON_PADDING;
+  if (needed > im.input_capacity) {
+    const size_t capacity = std::max(needed, im.input_capacity * 2);
+    im.input = std::make_unique<char[]>(capacity);
+    im.input_capacity = capacity;
+  }
+  if (!json->empty()) std::memcpy(im.input.get(), json->data(), json->size());
+
+  simdjson::dom::element root;
+  if (auto err =
+          im.parser.parse(im.input.get(), json->size(), /*realloc_if_needed=*/false).get(root);
+      err != simdjson::SUCCESS) {
+    return Fail(ErrorCode::kPoison, "metadata is not valid JSON: {}", simdjson::error_message(err));
+  }
+  const auto root_type = root.type();
+  if (root_type == simdjson::dom::element_type::NULL_VALUE) return Ok();
+  if (root_type != simdjson::dom::element_type::OBJECT) {
+    return Fail(ErrorCode::kPoison, "metadata is {}, expected a JSON object of strings",
+                DescribeType(root_type));
+  }
+
+  // Unescaped strings are never longer than their JSON text, so one reserve
+  // covers the whole document (and is a no-op in steady state).
+  im.arena.reserve(json->size());
+  // A named object: ranging over get_object().value_unsafe() would bind to a
+  // member of a temporary that dies before the loop runs.
+  simdjson::dom::object object;
+  if (auto err = root.get_object().get(object); err != simdjson::SUCCESS) {
+    return Fail(ErrorCode::kPoison, "metadata: {}", simdjson::error_message(err));
+  }
+  size_t order = 0;
+  for (simdjson::dom::key_value_pair field : object) {
+    std::string_view value;
+    const auto type = field.value.type();
+    if (type == simdjson::dom::element_type::STRING) {
+      value = field.value.get_string().value_unsafe();
+    } else if (type != simdjson::dom::element_type::NULL_VALUE) {
+      im.Reset();
+      return Fail(ErrorCode::kPoison, "metadata value for key \"{}{}\" is {}, expected a string",
+                  Shorten(field.key), Ellipsis(field.key), DescribeType(type));
+    }
+    Impl::Span key_span{im.arena.size(), field.key.size()};
+    im.arena.append(field.key);
+    Impl::Span value_span{im.arena.size(), value.size()};
+    im.arena.append(value);
+    im.entries.push_back(Impl::Entry{key_span, value_span, order++});
+  }
+
+  // Go writes keys sorted and unique, so the common case is one linear check.
+  // Otherwise sort by (key, document order) and keep the last of each key.
+  // std::sort, unlike std::stable_sort, never allocates.
+  auto key_less = [&im](const Impl::Entry& a, const Impl::Entry& b) {
+    return im.View(a.key) < im.View(b.key);
+  };
+  bool strictly_sorted = true;
+  for (size_t i = 1; i < im.entries.size() && strictly_sorted; ++i) {
+    strictly_sorted = key_less(im.entries[i - 1], im.entries[i]);
+  }
+  if (!strictly_sorted) {
+    std::sort(im.entries.begin(), im.entries.end(),
+              [&im](const Impl::Entry& a, const Impl::Entry& b) {
+                const int c = im.View(a.key).compare(im.View(b.key));
+                return c < 0 || (c == 0 && a.order < b.order);
+              });
+    size_t out = 0;
+    for (size_t i = 0; i < im.entries.size(); ++i) {
+      const bool last_of_key = i + 1 == im.entries.size() ||
+                               im.View(im.entries[i].key) != im.View(im.entries[i + 1].key);
+      if (last_of_key) im.entries[out++] = im.entries[i];
+    }
+    im.entries.resize(out);
+  }
+
+  for (const Impl::Entry& e : im.entries) entries_.emplace_back(im.View(e.key), im.View(e.value));
+  return Ok();
+}
+
+void Metadata::Set(std::string_view key, std::string_view value) {
+  if (impl_ == nullptr) impl_ = new Impl;
+  Impl& im = *impl_;
+  // Resolve both views before anything is appended: an append can move the
+  // arena and with it any argument that points into it.
+  const bool key_in_arena = !key.empty() && key.data() >= im.arena.data() &&
+                            key.data() + key.size() <= im.arena.data() + im.arena.size();
+  const bool value_in_arena = !value.empty() && value.data() >= im.arena.data() &&
+                              value.data() + value.size() <= im.arena.data() + im.arena.size();
+  Impl::Span key_span, value_span;
+  if (key_in_arena) key_span = im.Store(key);
+  if (value_in_arena) value_span = im.Store(value);
+  if (!key_in_arena) key_span = im.Store(key);
+  if (!value_in_arena) value_span = im.Store(value);
+
+  const std::string_view stored_key = im.View(key_span);
+  auto it = std::lower_bound(
+      im.entries.begin(), im.entries.end(), stored_key,
+      [&im](const Impl::Entry& e, std::string_view k) { return im.View(e.key) < k; });
+  if (it != im.entries.end() && im.View(it->key) == stored_key) {
+    it->value = value_span;
+  } else {
+    im.entries.insert(it, Impl::Entry{key_span, value_span, im.entries.size()});
+  }
+
+  entries_.clear();
+  for (const Impl::Entry& e : im.entries) entries_.emplace_back(im.View(e.key), im.View(e.value));
+}
+
+std::optional<std::string_view> Metadata::Get(std::string_view key) const {
+  auto it = std::lower_bound(entries_.begin(), entries_.end(), key,
+                             [](const std::pair<std::string_view, std::string_view>& e,
+                                std::string_view k) { return e.first < k; });
+  if (it == entries_.end() || it->first != key) return std::nullopt;
+  return it->second;
+}
+
+}  // namespace outbox_relay::outbox

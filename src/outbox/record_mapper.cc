@@ -1,0 +1,211 @@
+// RecordMapper: one inserted outbox row -> the Kafka record the Watermill
+// pipeline produced for it (DESIGN §4).
+//
+//   topic   = TopicTemplate over the metadata
+//   key     = metadata[key_field] when present and non-empty, else null
+//   value   = payload column text verbatim, SQL NULL -> null
+//   headers = _watermill_message_uuid: uuid column
+//             every metadata entry, sorted by key (partition_key = key when
+//               options.partition_key_header and there is a key)
+//             options.commit_lsn_header: commit LSN "X/Y" (when named)
+//
+// Outcomes are three, because the caller does three different things:
+//   - a record: produce it;
+//   - poison (Mapped::poison): the row is identified but cannot become a
+//     record (no uuid, bad metadata, no topic): dead-letter it and move on;
+//   - an error: the row cannot even be identified (transaction_id/offset
+//     NULL or not a number) or pgoutput sent something an INSERT never has
+//     (an unchanged-TOAST marker, too few columns). Nothing can mark or
+//     dead-letter such a row, so the caller stops.
+//
+// Steady state does not allocate: the record's header vector, the topic and
+// LSN strings and the metadata's storage are members reused row after row.
+#include <charconv>
+#include <iterator>
+
+#include "outbox_relay/outbox/record.h"
+
+namespace outbox_relay::outbox {
+
+namespace {
+
+constexpr std::string_view kEventTypeKey = "Event-Type";
+
+using pgoutput::TupleValue;
+
+// The column at `index` of `row`, as needed for `role` ("uuid", "payload"...).
+Result<const TupleValue*> Column(const pgoutput::TupleData& row, int index, std::string_view role) {
+  if (index < 0 || static_cast<size_t>(index) >= row.values.size()) {
+    return Fail(ErrorCode::kProtocol,
+                "the {} column is at index {} but the row has {} columns (was the ColumnMap "
+                "resolved against this row's Relation?)",
+                role, index, row.values.size());
+  }
+  const TupleValue* value = &row.values[static_cast<size_t>(index)];
+  if (value->kind == TupleValue::Kind::kUnchangedToast) {
+    return Fail(ErrorCode::kProtocol,
+                "the {} column is an unchanged TOAST value, which an INSERT never sends", role);
+  }
+  return value;
+}
+
+}  // namespace
+
+Result<uint64_t> ParseXid8(std::string_view text) {
+  uint64_t v = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v, 10);
+  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size()) {
+    return Fail(ErrorCode::kInvalidArgument, "invalid xid8 \"{}\": expected a decimal uint64",
+                text.substr(0, 64));
+  }
+  return v;
+}
+
+Result<int64_t> ParseInt64(std::string_view text) {
+  int64_t v = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v, 10);
+  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size()) {
+    return Fail(ErrorCode::kInvalidArgument, "invalid bigint \"{}\": expected a decimal int64",
+                text.substr(0, 64));
+  }
+  return v;
+}
+
+Result<ColumnMap> ColumnMap::Resolve(const pgoutput::Relation& relation, const ColumnNames& names) {
+  ColumnMap map;
+  std::string missing;
+  auto find = [&](const std::string& name, int* index) {
+    *index = relation.ColumnIndex(name);
+    if (*index < 0) {
+      if (!missing.empty()) missing += ", ";
+      missing += fmt::format("\"{}\"", name);
+    }
+  };
+  find(names.uuid, &map.uuid);
+  find(names.payload, &map.payload);
+  find(names.metadata, &map.metadata);
+  find(names.transaction_id, &map.transaction_id);
+  find(names.offset, &map.offset);
+  if (missing.empty()) return map;
+
+  std::string existing;
+  for (const pgoutput::RelationColumn& column : relation.columns) {
+    if (!existing.empty()) existing += ", ";
+    existing += column.name;
+  }
+  return Fail(ErrorCode::kInvalidArgument,
+              "table {}.{} (relation {}) lacks column(s) {} needed for the outbox; its columns "
+              "are: {}",
+              relation.nspname, relation.relname, relation.relation_id, missing,
+              existing.empty() ? "(none)" : existing);
+}
+
+Result<RecordMapper> RecordMapper::Create(MapperOptions options) {
+  auto tmpl = TopicTemplate::Compile(options.topic_template);
+  if (!tmpl) return std::unexpected(std::move(tmpl.error()));
+  return RecordMapper(std::move(options), std::move(*tmpl));
+}
+
+RecordMapper::RecordMapper(MapperOptions options, TopicTemplate tmpl)
+    : options_(std::move(options)), template_(std::move(tmpl)) {
+  lsn_text_.reserve(17);  // "FFFFFFFF/FFFFFFFF"
+}
+
+Result<Mapped> RecordMapper::Map(const ColumnMap& columns, const pgoutput::TupleData& row,
+                                 Lsn commit_lsn) {
+  // Everything that makes the row unidentifiable or the stream suspect comes
+  // first, so such a row is never half-reported as poison.
+  auto xid_col = Column(row, columns.transaction_id, "transaction_id");
+  if (!xid_col) return std::unexpected(std::move(xid_col.error()));
+  auto offset_col = Column(row, columns.offset, "offset");
+  if (!offset_col) return std::unexpected(std::move(offset_col.error()));
+  auto uuid_col = Column(row, columns.uuid, "uuid");
+  if (!uuid_col) return std::unexpected(std::move(uuid_col.error()));
+  auto payload_col = Column(row, columns.payload, "payload");
+  if (!payload_col) return std::unexpected(std::move(payload_col.error()));
+  auto metadata_col = Column(row, columns.metadata, "metadata");
+  if (!metadata_col) return std::unexpected(std::move(metadata_col.error()));
+
+  if ((*xid_col)->kind == TupleValue::Kind::kNull) {
+    return Fail(ErrorCode::kFatal, "the transaction_id column is NULL: the row cannot be marked");
+  }
+  if ((*offset_col)->kind == TupleValue::Kind::kNull) {
+    return Fail(ErrorCode::kFatal, "the offset column is NULL: the row cannot be marked");
+  }
+  auto xid = ParseXid8((*xid_col)->text);
+  if (!xid) {
+    return Fail(ErrorCode::kFatal, "the transaction_id column: {}", xid.error().message);
+  }
+  auto offset = ParseInt64((*offset_col)->text);
+  if (!offset) return Fail(ErrorCode::kFatal, "the offset column: {}", offset.error().message);
+
+  Mapped mapped;
+  mapped.identity.transaction_id = *xid;
+  mapped.identity.offset = *offset;
+
+  // From here on the row is identified: whatever is wrong with it is poison.
+  const TupleValue& uuid = **uuid_col;
+  if (uuid.kind == TupleValue::Kind::kNull) {
+    mapped.poison = Error{ErrorCode::kPoison, "the uuid column is NULL"};
+    return mapped;
+  }
+  mapped.identity.uuid = uuid.text;
+  if (uuid.text.empty()) {
+    mapped.poison = Error{ErrorCode::kPoison, "the uuid column is empty"};
+    return mapped;
+  }
+
+  const TupleValue& metadata = **metadata_col;
+  if (auto st = metadata_.Parse(metadata.kind == TupleValue::Kind::kText
+                                    ? std::optional<std::string_view>(metadata.text)
+                                    : std::nullopt);
+      !st) {
+    mapped.poison = std::move(st.error());
+    return mapped;
+  }
+  // watermill-kafka's marshaler refuses a message whose metadata sets the
+  // UUID header itself; so do we, rather than send two UUID headers.
+  if (auto reserved = metadata_.Get(kUuidHeader); reserved && !reserved->empty()) {
+    mapped.poison =
+        Error{ErrorCode::kPoison,
+              fmt::format("metadata key \"{}\" is reserved for the message UUID", kUuidHeader)};
+    return mapped;
+  }
+  if (auto st = template_.Render(metadata_, &topic_); !st) {
+    mapped.poison = std::move(st.error());
+    return mapped;
+  }
+
+  bool has_key = false;
+  if (!options_.key_field.empty()) {
+    auto key = metadata_.Get(options_.key_field);
+    has_key = key && !key->empty();
+    if (has_key && options_.partition_key_header) metadata_.Set(kPartitionKeyHeader, *key);
+  }
+  // Views into the metadata are taken only now: Set() may move its storage.
+  record_.topic = topic_;
+  record_.key = has_key ? metadata_.Get(options_.key_field) : std::nullopt;
+  const TupleValue& payload = **payload_col;
+  record_.value = payload.kind == TupleValue::Kind::kText
+                      ? std::optional<std::string_view>(payload.text)
+                      : std::nullopt;
+  record_.event_type = metadata_.Get(kEventTypeKey).value_or(std::string_view());
+
+  auto& headers = record_.headers;
+  headers.clear();
+  headers.emplace_back(kUuidHeader, uuid.text);
+  for (const auto& entry : metadata_.entries()) {
+    if (entry.first == kUuidHeader) continue;  // empty (non-empty was refused above)
+    headers.push_back(entry);
+  }
+  if (!options_.commit_lsn_header.empty()) {
+    lsn_text_.clear();
+    fmt::format_to(std::back_inserter(lsn_text_), "{}", commit_lsn);
+    headers.emplace_back(options_.commit_lsn_header, lsn_text_);
+  }
+
+  mapped.record = &record_;
+  return mapped;
+}
+
+}  // namespace outbox_relay::outbox
