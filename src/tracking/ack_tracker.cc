@@ -26,6 +26,12 @@ void AckTracker::AddMessage(Transaction* tx) {
   rows_in_flight_.fetch_add(1, std::memory_order_relaxed);
 }
 
+void AckTracker::CancelMessage(Transaction* tx) {
+  --tx->rows;
+  rows_in_flight_.fetch_sub(1, std::memory_order_relaxed);
+  Release(tx, 1);  // never the last token: the transaction is still open
+}
+
 void AckTracker::NoteTransactionId(Transaction* tx, uint64_t xid8) {
   auto& ids = tx->transaction_ids;
   // Almost always one value per transaction; a linear scan beats a set.
@@ -124,8 +130,7 @@ bool AckTracker::empty() const {
 }
 
 size_t AckTracker::awaiting_mark() const {
-  std::lock_guard lock(mu_);
-  return awaiting_mark_;
+  return awaiting_mark_.load(std::memory_order_relaxed);
 }
 
 std::optional<std::string> AckTracker::failure() const {
@@ -136,7 +141,7 @@ std::optional<std::string> AckTracker::failure() const {
 TrackerStats AckTracker::stats() const {
   std::lock_guard lock(mu_);
   return TrackerStats{in_flight_.size(), rows_in_flight_.load(std::memory_order_relaxed),
-                      awaiting_mark_, Lsn(confirmed_.load(std::memory_order_relaxed))};
+                      awaiting_mark_.load(), Lsn(confirmed_.load(std::memory_order_relaxed))};
 }
 
 void AckTracker::WaitForProgress(std::chrono::milliseconds timeout) {

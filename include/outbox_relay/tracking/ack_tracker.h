@@ -78,6 +78,8 @@ class AckTracker {
   Transaction* Begin(Lsn final_lsn, PgTimestamp commit_time, uint32_t xid);
   // Call before producing a message for `tx` (a row or its dead letter).
   void AddMessage(Transaction* tx);
+  // Undoes AddMessage for a message the sink did not take.
+  void CancelMessage(Transaction* tx);
   // Records the xid8 of one of its rows (marking works on these).
   static void NoteTransactionId(Transaction* tx, uint64_t xid8);
   void Commit(Transaction* tx, Lsn end_lsn);
@@ -122,7 +124,7 @@ class AckTracker {
   std::condition_variable delivered_;  // for the marker
   std::deque<std::unique_ptr<Transaction>> in_flight_;  // stream order
   std::deque<Transaction*> to_mark_;                     // delivered, not taken yet
-  size_t awaiting_mark_ = 0;
+  std::atomic<size_t> awaiting_mark_{0};  // written under mu_, read without it
   std::optional<std::string> failure_;
   uint64_t failed_seq_ = UINT64_MAX;  // nothing at or after it is confirmed
   std::atomic<uint64_t> confirmed_{0};

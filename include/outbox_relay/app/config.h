@@ -1,0 +1,66 @@
+// Configuration of `outbox-relay run`: flags, each with an environment
+// variable (DATABASE_URL, KAFKA_BROKERS, OUTBOX_<FLAG>). A bad value fails at
+// start with a message that names the flag and its variable.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "outbox_relay/core/result.h"
+#include "outbox_relay/outbox/record.h"
+#include "outbox_relay/pg/connection.h"
+
+namespace CLI {
+class App;
+}
+
+namespace outbox_relay::app {
+
+struct LogConfig {
+  std::string format = "text";  // text | json
+  std::string level = "info";
+};
+
+struct RelayConfig {
+  std::string database_url;
+  std::string kafka_brokers;
+  std::string table = "public.outbox";
+  std::string publication = "outbox_relay";
+  std::string slot = "outbox_relay";
+  std::string service = "outbox";
+  outbox::MapperOptions mapper;
+  outbox::ColumnNames columns;
+  std::string acked_column = "offset_acked";
+  bool mark = true;
+  std::vector<std::string> kafka_properties;  // "key=value"
+  std::string sink = "kafka";                 // kafka | null (benchmarks)
+  int64_t max_in_flight = 20000;              // rows produced but not yet acknowledged
+  int64_t marker_batch = 2000;                // transactions per marking statement
+  int64_t status_interval_ms = 1000;
+  int64_t shutdown_timeout_ms = 25000;
+  std::string on_poison = "dlq";  // dlq | halt
+  std::string dlq_topic = "outbox-relay.dlq";
+  int64_t dlq_max_bytes = 1000000;
+  std::string metrics_addr = "0.0.0.0:9464";
+  int64_t row_count_interval_s = 60;
+  LogConfig log;
+
+  // Filled by Validate():
+  pg::QualifiedName table_name;
+  std::vector<std::pair<std::string, std::string>> kafka_property_pairs;
+};
+
+// Registers the flags of `run` on `app`, bound to `config`.
+void AddRunFlags(CLI::App& app, RelayConfig& config);
+void AddLogFlags(CLI::App& app, LogConfig& config);
+
+// Checks values that flags alone cannot (kInvalidArgument naming the setting).
+Status Validate(RelayConfig& config);
+
+// Splits "a=b;c=d" or newline-separated lists (OUTBOX_KAFKA_PROPERTIES).
+std::vector<std::string> SplitPropertyList(std::string_view text);
+
+}  // namespace outbox_relay::app

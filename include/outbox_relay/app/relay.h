@@ -1,0 +1,80 @@
+// `outbox-relay run`: the replication loop and its wiring.
+//
+//   walsender ──CopyData──▶ ReplicationStream ──▶ pgoutput::Decode ──▶ RecordMapper
+//        ▲                                                                  │
+//        │ standby status (flush = tracker.confirmed())                     ▼
+//   AckTracker ◀── delivery reports (Kafka poller thread) ◀── Sink::Produce
+//        ▲
+//        └── Marker thread: UPDATE offset_acked + commit index, then OnMarked
+//
+// One thread runs the loop below; it never blocks on the socket and sends a
+// status update at least every status interval, whatever else it is waiting
+// for. Backpressure: when too many rows are in flight (or the marker lags),
+// it stops reading the socket until deliveries catch up.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <optional>
+
+#include "outbox_relay/app/config.h"
+#include "outbox_relay/app/stats.h"
+#include "outbox_relay/core/result.h"
+#include "outbox_relay/kafka/sink.h"
+#include "outbox_relay/marker/marker.h"
+#include "outbox_relay/outbox/dead_letter.h"
+#include "outbox_relay/outbox/record.h"
+#include "outbox_relay/pg/replication.h"
+#include "outbox_relay/pgoutput/decoder.h"
+#include "outbox_relay/tracking/ack_tracker.h"
+
+namespace outbox_relay::app {
+
+class Relay {
+ public:
+  explicit Relay(RelayConfig config);
+  ~Relay();
+
+  // Runs until `stop` becomes true (then drains and returns 0) or a fatal
+  // error (returns non-zero after logging it).
+  int Run(const std::atomic<bool>& stop);
+
+  const RelayStats& stats() const { return stats_; }
+
+ private:
+  Status Prepare();
+  Status StreamSession(pg::ReplicationStream& stream, const std::atomic<bool>& stop);
+  Status HandleXLogData(std::string_view data, pg::ReplicationStream& stream);
+  Status HandleInsert(const pgoutput::Insert& insert, pg::ReplicationStream& stream);
+  Status HandleRelation(const pgoutput::Relation& relation);
+  Status Produce(const outbox::KafkaRecord& record, tracking::Transaction* tx,
+                 pg::ReplicationStream& stream);
+  Status DeadLetter(const Error& reason, const outbox::RowIdentity& identity,
+                    const pgoutput::TupleData& row, pg::ReplicationStream& stream);
+  Status SendStatus(pg::ReplicationStream& stream, bool force);
+  void OnDelivery(const kafka::Delivery& delivery);
+  int Shutdown(pg::ReplicationStream* stream, bool failed);
+  bool Backpressured() const;
+  void LogProgress();
+
+  RelayConfig config_;
+  RelayStats stats_;
+  std::unique_ptr<tracking::AckTracker> tracker_;
+  std::unique_ptr<kafka::Sink> sink_;
+  std::unique_ptr<marker::Marker> marker_;
+  std::optional<outbox::RecordMapper> mapper_;
+  std::optional<outbox::DeadLetterBuilder> dead_letters_;
+
+  // Replication-loop state.
+  pgoutput::RelationCache relations_;
+  pgoutput::DecodedMessage message_;
+  pgoutput::Oid outbox_relid_ = 0;
+  std::optional<outbox::ColumnMap> columns_;
+  tracking::Transaction* open_tx_ = nullptr;
+  Lsn received_;  // highest server WAL end seen: our "write" position
+  Lsn last_sent_flush_;
+  std::chrono::steady_clock::time_point last_status_{};
+  std::chrono::steady_clock::time_point last_progress_log_{};
+};
+
+}  // namespace outbox_relay::app

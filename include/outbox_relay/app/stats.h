@@ -1,0 +1,25 @@
+// Counters the relay keeps for logs and metrics. Atomics: written by the
+// replication loop and the delivery thread, read by anyone.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+namespace outbox_relay::app {
+
+struct RelayStats {
+  std::atomic<uint64_t> transactions{0};   // committed transactions received
+  std::atomic<uint64_t> rows{0};           // outbox rows received
+  std::atomic<uint64_t> produced{0};       // records handed to the sink
+  std::atomic<uint64_t> delivered{0};      // records acknowledged
+  std::atomic<uint64_t> dead_lettered{0};  // rows sent to the dead-letter topic
+  std::atomic<uint64_t> reconnects{0};
+  std::atomic<uint64_t> keepalives{0};
+  std::atomic<uint64_t> status_updates{0};
+  std::atomic<int64_t> last_commit_unix_micros{0};
+  std::atomic<int64_t> heartbeat_unix_micros{0};  // last loop iteration that talked to the server
+  std::atomic<bool> streaming{false};
+  std::atomic<bool> standby{false};
+};
+
+}  // namespace outbox_relay::app

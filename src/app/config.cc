@@ -1,0 +1,216 @@
+#include "outbox_relay/app/config.h"
+
+#include <CLI/CLI.hpp>
+
+namespace outbox_relay::app {
+
+void AddLogFlags(CLI::App& app, LogConfig& c) {
+  app.add_option("--log-format", c.format, "Log format: text or json")
+      ->envname("OUTBOX_LOG_FORMAT")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->capture_default_str();
+  app.add_option("--log-level", c.level, "Log level: trace, debug, info, warn, error")
+      ->envname("OUTBOX_LOG_LEVEL")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
+      ->capture_default_str();
+}
+
+void AddRunFlags(CLI::App& app, RelayConfig& c) {
+  app.add_option("--database-url", c.database_url,
+                 "PostgreSQL connection string or URI of the service database")
+      ->envname("DATABASE_URL");
+  app.add_option("--kafka-brokers", c.kafka_brokers, "Kafka bootstrap servers, host:port,...")
+      ->envname("KAFKA_BROKERS");
+  app.add_option("--table", c.table, "The outbox table, schema-qualified")
+      ->envname("OUTBOX_TABLE")
+      ->capture_default_str();
+  app.add_option("--publication", c.publication, "Publication the slot reads (created if missing)")
+      ->envname("OUTBOX_PUBLICATION")
+      ->capture_default_str();
+  app.add_option("--slot", c.slot, "Logical replication slot (created if missing)")
+      ->envname("OUTBOX_SLOT")
+      ->capture_default_str();
+  app.add_option("--service", c.service, "Service name: the `service` label of the metrics")
+      ->envname("OUTBOX_SERVICE")
+      ->capture_default_str();
+  app.add_option("--topic-template", c.mapper.topic_template,
+                 "Kafka topic from metadata: {Key} or {Key:aggregate} (the part before the "
+                 "first '.')")
+      ->envname("OUTBOX_TOPIC_TEMPLATE")
+      ->capture_default_str();
+  app.add_option("--key-field", c.mapper.key_field,
+                 "Metadata key whose value is the Kafka record key (empty: null key)")
+      ->envname("OUTBOX_KEY_FIELD")
+      ->capture_default_str();
+  app.add_option("--partition-key-header", c.mapper.partition_key_header,
+                 "Add the partition_key header (= the record key), as the Go middleware did")
+      ->envname("OUTBOX_PARTITION_KEY_HEADER")
+      ->capture_default_str();
+  app.add_option("--commit-lsn-header", c.mapper.commit_lsn_header,
+                 "Name of an extra header carrying the commit LSN (empty: none)")
+      ->envname("OUTBOX_COMMIT_LSN_HEADER");
+  app.add_option("--column-uuid", c.columns.uuid, "Column with the message UUID")
+      ->envname("OUTBOX_COLUMN_UUID")
+      ->capture_default_str();
+  app.add_option("--column-payload", c.columns.payload, "Column with the payload (Kafka value)")
+      ->envname("OUTBOX_COLUMN_PAYLOAD")
+      ->capture_default_str();
+  app.add_option("--column-metadata", c.columns.metadata, "Column with the metadata JSON")
+      ->envname("OUTBOX_COLUMN_METADATA")
+      ->capture_default_str();
+  app.add_option("--column-transaction-id", c.columns.transaction_id,
+                 "Column with the writing transaction's xid8")
+      ->envname("OUTBOX_COLUMN_TRANSACTION_ID")
+      ->capture_default_str();
+  app.add_option("--column-offset", c.columns.offset, "Column with the row's sequence number")
+      ->envname("OUTBOX_COLUMN_OFFSET")
+      ->capture_default_str();
+  app.add_option("--column-acked", c.acked_column,
+                 "Column set to the offset once published (NULL until then)")
+      ->envname("OUTBOX_COLUMN_ACKED")
+      ->capture_default_str();
+  app.add_option("--mark", c.mark,
+                 "Mark published rows (offset_acked); confirmation waits for the marking")
+      ->envname("OUTBOX_MARK")
+      ->capture_default_str();
+  app.add_option("--kafka-property", c.kafka_properties,
+                 "librdkafka property key=value, repeatable (TLS, SASL, compression, tuning). "
+                 "Env OUTBOX_KAFKA_PROPERTIES: 'k=v;k=v' or one per line");
+  app.add_option("--sink", c.sink, "Where records go: kafka, or null (benchmarks only)")
+      ->envname("OUTBOX_SINK")
+      ->check(CLI::IsMember({"kafka", "null"}))
+      ->capture_default_str();
+  app.add_option("--max-in-flight", c.max_in_flight,
+                 "Rows produced but not yet acknowledged before the relay stops reading")
+      ->envname("OUTBOX_MAX_IN_FLIGHT")
+      ->capture_default_str();
+  app.add_option("--marker-batch", c.marker_batch, "Transactions marked per statement, at most")
+      ->envname("OUTBOX_MARKER_BATCH")
+      ->capture_default_str();
+  app.add_option("--status-interval-ms", c.status_interval_ms,
+                 "Standby status update interval (keep well below wal_sender_timeout)")
+      ->envname("OUTBOX_STATUS_INTERVAL_MS")
+      ->capture_default_str();
+  app.add_option("--shutdown-timeout-ms", c.shutdown_timeout_ms,
+                 "On SIGTERM: time to flush Kafka and the marker before giving up")
+      ->envname("OUTBOX_SHUTDOWN_TIMEOUT_MS")
+      ->capture_default_str();
+  app.add_option("--on-poison", c.on_poison,
+                 "A row that cannot be published: dlq (dead-letter topic, then continue) or "
+                 "halt (stop before it)")
+      ->envname("OUTBOX_ON_POISON")
+      ->check(CLI::IsMember({"dlq", "halt"}))
+      ->capture_default_str();
+  app.add_option("--dlq-topic", c.dlq_topic, "Dead-letter topic")
+      ->envname("OUTBOX_DLQ_TOPIC")
+      ->capture_default_str();
+  app.add_option("--dlq-max-bytes", c.dlq_max_bytes,
+                 "Largest dead-letter record; bigger payloads are replaced by a reference")
+      ->envname("OUTBOX_DLQ_MAX_BYTES")
+      ->capture_default_str();
+  app.add_option("--metrics-addr", c.metrics_addr,
+                 "HTTP listener for /metrics, /healthz, /readyz (empty: off)")
+      ->envname("OUTBOX_METRICS_ADDR")
+      ->capture_default_str();
+  app.add_option("--row-count-interval-s", c.row_count_interval_s,
+                 "How often outbox_rows_total is sampled from the table")
+      ->envname("OUTBOX_ROW_COUNT_INTERVAL_S")
+      ->capture_default_str();
+}
+
+std::vector<std::string> SplitPropertyList(std::string_view text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find_first_of(";\n", start);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view item = text.substr(start, end - start);
+    while (!item.empty() && (item.front() == ' ' || item.front() == '\t')) item.remove_prefix(1);
+    while (!item.empty() && (item.back() == ' ' || item.back() == '\t' || item.back() == '\r')) {
+      item.remove_suffix(1);
+    }
+    if (!item.empty()) out.emplace_back(item);
+    start = end + 1;
+  }
+  return out;
+}
+
+namespace {
+
+std::unexpected<Error> Bad(std::string_view flag, std::string_view env, std::string_view why) {
+  return Fail(ErrorCode::kInvalidArgument, "invalid setting {} ({}): {}", flag, env, why);
+}
+
+}  // namespace
+
+Status Validate(RelayConfig& c) {
+  if (c.database_url.empty()) {
+    return Bad("--database-url", "DATABASE_URL", "required, e.g. postgresql://user@host/db");
+  }
+  if (c.sink == "kafka" && c.kafka_brokers.empty()) {
+    return Bad("--kafka-brokers", "KAFKA_BROKERS", "required, e.g. kafka-0:9092,kafka-1:9092");
+  }
+  auto table = pg::QualifiedName::Parse(c.table);
+  if (!table) return Bad("--table", "OUTBOX_TABLE", table.error().message);
+  c.table_name = *table;
+  if (c.publication.empty()) return Bad("--publication", "OUTBOX_PUBLICATION", "empty");
+  // Slot names: lower-case letters, digits and underscores, at most 63 (NAMEDATALEN-1).
+  if (c.slot.empty() || c.slot.size() > 63 ||
+      c.slot.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != std::string::npos) {
+    return Bad("--slot", "OUTBOX_SLOT",
+               fmt::format("'{}': use 1-63 lower-case letters, digits and underscores", c.slot));
+  }
+  if (auto t = outbox::TopicTemplate::Compile(c.mapper.topic_template); !t) {
+    return Bad("--topic-template", "OUTBOX_TOPIC_TEMPLATE", t.error().message);
+  }
+  struct NamedColumn {
+    const char* flag;
+    const char* env;
+    const std::string* value;
+  };
+  for (const NamedColumn& col : {
+           NamedColumn{"--column-uuid", "OUTBOX_COLUMN_UUID", &c.columns.uuid},
+           NamedColumn{"--column-payload", "OUTBOX_COLUMN_PAYLOAD", &c.columns.payload},
+           NamedColumn{"--column-metadata", "OUTBOX_COLUMN_METADATA", &c.columns.metadata},
+           NamedColumn{"--column-transaction-id", "OUTBOX_COLUMN_TRANSACTION_ID",
+                       &c.columns.transaction_id},
+           NamedColumn{"--column-offset", "OUTBOX_COLUMN_OFFSET", &c.columns.offset},
+       }) {
+    if (col.value->empty()) return Bad(col.flag, col.env, "empty column name");
+  }
+  if (c.mark && c.acked_column.empty()) {
+    return Bad("--column-acked", "OUTBOX_COLUMN_ACKED", "empty; use --mark=false to not mark");
+  }
+  if (c.max_in_flight < 1) return Bad("--max-in-flight", "OUTBOX_MAX_IN_FLIGHT", "must be >= 1");
+  if (c.marker_batch < 1) return Bad("--marker-batch", "OUTBOX_MARKER_BATCH", "must be >= 1");
+  if (c.status_interval_ms < 10 || c.status_interval_ms > 60000) {
+    return Bad("--status-interval-ms", "OUTBOX_STATUS_INTERVAL_MS", "must be 10..60000");
+  }
+  if (c.shutdown_timeout_ms < 0) {
+    return Bad("--shutdown-timeout-ms", "OUTBOX_SHUTDOWN_TIMEOUT_MS", "must be >= 0");
+  }
+  if (c.on_poison == "dlq" && c.dlq_topic.empty()) {
+    return Bad("--dlq-topic", "OUTBOX_DLQ_TOPIC", "empty while --on-poison=dlq");
+  }
+  if (c.dlq_max_bytes < 1024) return Bad("--dlq-max-bytes", "OUTBOX_DLQ_MAX_BYTES", "must be >= 1024");
+  if (c.row_count_interval_s < 1) {
+    return Bad("--row-count-interval-s", "OUTBOX_ROW_COUNT_INTERVAL_S", "must be >= 1");
+  }
+  // Properties: flags first, then the environment list.
+  std::vector<std::string> props = c.kafka_properties;
+  if (const char* env = std::getenv("OUTBOX_KAFKA_PROPERTIES")) {
+    for (auto& p : SplitPropertyList(env)) props.push_back(std::move(p));
+  }
+  c.kafka_property_pairs.clear();
+  for (const std::string& p : props) {
+    size_t eq = p.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return Bad("--kafka-property", "OUTBOX_KAFKA_PROPERTIES",
+                 fmt::format("'{}': expected key=value", p));
+    }
+    c.kafka_property_pairs.emplace_back(p.substr(0, eq), p.substr(eq + 1));
+  }
+  return Ok();
+}
+
+}  // namespace outbox_relay::app

@@ -1,0 +1,76 @@
+#include "outbox_relay/app/logging.h"
+
+#include <spdlog/pattern_formatter.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <ctime>
+
+namespace outbox_relay::app {
+
+namespace {
+
+// {"ts":"2026-11-29T19:14:26.123456Z","level":"info","msg":"..."}; the
+// message is escaped as a JSON string, whatever it contains.
+class JsonFormatter final : public spdlog::formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
+    auto since_epoch = msg.time.time_since_epoch();
+    auto secs = std::chrono::duration_cast<std::chrono::seconds>(since_epoch);
+    auto micros = std::chrono::duration_cast<std::chrono::microseconds>(since_epoch - secs);
+    std::time_t t = secs.count();
+    std::tm tm{};
+    gmtime_r(&t, &tm);
+    fmt::format_to(std::back_inserter(dest),
+                   "{{\"ts\":\"{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z\",\"level\":\"{}\","
+                   "\"msg\":\"",
+                   tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                   micros.count(), spdlog::level::to_string_view(msg.level));
+    for (char c : std::string_view(msg.payload.data(), msg.payload.size())) {
+      switch (c) {
+        case '"':
+          dest.append(std::string_view("\\\""));
+          break;
+        case '\\':
+          dest.append(std::string_view("\\\\"));
+          break;
+        case '\n':
+          dest.append(std::string_view("\\n"));
+          break;
+        case '\r':
+          dest.append(std::string_view("\\r"));
+          break;
+        case '\t':
+          dest.append(std::string_view("\\t"));
+          break;
+        default:
+          if (static_cast<unsigned char>(c) < 0x20) {
+            fmt::format_to(std::back_inserter(dest), "\\u{:04x}", static_cast<unsigned>(c));
+          } else {
+            dest.push_back(c);
+          }
+      }
+    }
+    dest.append(std::string_view("\"}\n"));
+  }
+  std::unique_ptr<spdlog::formatter> clone() const override {
+    return std::make_unique<JsonFormatter>();
+  }
+};
+
+}  // namespace
+
+void SetupLogging(const LogConfig& config) {
+  // Logs go to stderr; stdout stays free for command output (check, slot status).
+  auto logger = spdlog::stderr_logger_mt("outbox-relay");
+  if (config.format == "json") {
+    logger->set_formatter(std::make_unique<JsonFormatter>());
+  } else {
+    logger->set_pattern("%Y-%m-%dT%H:%M:%S.%fZ %^%l%$ %v", spdlog::pattern_time_type::utc);
+  }
+  logger->set_level(spdlog::level::from_str(config.level));
+  logger->flush_on(spdlog::level::info);
+  spdlog::set_default_logger(logger);
+}
+
+}  // namespace outbox_relay::app

@@ -1,0 +1,489 @@
+#include "outbox_relay/app/relay.h"
+
+#include <spdlog/spdlog.h>
+
+#include <random>
+#include <thread>
+
+#include "outbox_relay/kafka/producer.h"
+#include "outbox_relay/pg/relay_schema.h"
+#include "outbox_relay/walproto/walproto.h"
+
+namespace outbox_relay::app {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+int64_t UnixMicrosNow() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Sleeps up to `d` in small steps so a stop request is noticed quickly.
+void SleepUnlessStopped(milliseconds d, const std::atomic<bool>& stop) {
+  auto until = Clock::now() + d;
+  while (!stop.load() && Clock::now() < until) std::this_thread::sleep_for(milliseconds(50));
+}
+
+// Full-jitter exponential backoff.
+milliseconds Backoff(int attempt) {
+  static thread_local std::mt19937 rng{std::random_device{}()};
+  int64_t cap = std::min<int64_t>(30000, 250LL << std::min(attempt, 7));
+  return milliseconds(std::uniform_int_distribution<int64_t>(cap / 2, cap)(rng));
+}
+
+// Exit codes: 0 clean stop, 1 runtime failure, 2 bad configuration/setup.
+constexpr int kExitFailure = 1;
+constexpr int kExitConfig = 2;
+
+}  // namespace
+
+Relay::Relay(RelayConfig config) : config_(std::move(config)) {}
+
+Relay::~Relay() = default;
+
+Status Relay::Prepare() {
+  auto conn = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kNormal);
+  if (!conn) return std::unexpected(conn.error());
+  spdlog::info("connected to PostgreSQL {} as {}", conn->server_version(), conn->user());
+
+  // Fail fast on a table that cannot work, before touching slots.
+  std::optional<std::string> params[] = {config_.table_name.Quoted()};
+  auto cols = conn->ExecParams(
+      "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND "
+      "NOT attisdropped",
+      params);
+  if (!cols) return std::unexpected(cols.error());
+  if (PQntuples(cols->get()) == 0) {
+    return Fail(ErrorCode::kInvalidArgument,
+                "invalid setting --table (OUTBOX_TABLE): table {} does not exist (create it with "
+                "sql/outbox.sql)",
+                config_.table_name.ToString());
+  }
+  pgoutput::Relation rel;
+  for (int i = 0; i < PQntuples(cols->get()); ++i) {
+    rel.columns.push_back({0, std::string(*pg::GetValue(cols->get(), i, 0)), 0, -1});
+  }
+  if (auto map = outbox::ColumnMap::Resolve(rel, config_.columns); !map) {
+    return std::unexpected(map.error());
+  }
+  if (config_.mark && rel.ColumnIndex(config_.acked_column) < 0) {
+    return Fail(ErrorCode::kInvalidArgument,
+                "invalid setting --column-acked (OUTBOX_COLUMN_ACKED): table {} has no column "
+                "'{}' (use --mark=false to publish without marking)",
+                config_.table_name.ToString(), config_.acked_column);
+  }
+
+  if (config_.mark) {
+    if (auto st = pg::EnsureRelaySchema(*conn); !st) return st;
+  }
+  if (auto st = pg::EnsurePublication(*conn, config_.publication, config_.table_name); !st) {
+    return st;
+  }
+  auto slot = pg::QuerySlot(*conn, config_.slot);
+  if (!slot) return std::unexpected(slot.error());
+  if (!slot->exists) {
+    auto repl = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kReplication);
+    if (!repl) return std::unexpected(repl.error());
+    auto created = pg::CreateSlot(*repl, config_.slot, /*export_snapshot=*/false);
+    if (!created) {
+      // Another instance may have created it in the meantime: that is fine.
+      auto again = pg::QuerySlot(*conn, config_.slot);
+      if (!again || !again->exists) return std::unexpected(created.error());
+    } else {
+      spdlog::info("created replication slot {} at {}", config_.slot, created->consistent_point);
+    }
+    slot = pg::QuerySlot(*conn, config_.slot);
+    if (!slot) return std::unexpected(slot.error());
+  } else if (slot->plugin != "pgoutput") {
+    return Fail(ErrorCode::kInvalidArgument,
+                "invalid setting --slot (OUTBOX_SLOT): slot {} uses plugin {}, not pgoutput",
+                config_.slot, slot->plugin);
+  }
+  if (slot->wal_status == "lost") {
+    return Fail(ErrorCode::kSlotLost,
+                "replication slot {} was invalidated (wal_status=lost): the WAL it needed is "
+                "gone",
+                config_.slot);
+  }
+  spdlog::info("slot {}: confirmed_flush_lsn {}, wal_status {}", config_.slot,
+               slot->confirmed_flush_lsn, slot->wal_status);
+
+  tracker_ = std::make_unique<tracking::AckTracker>(slot->confirmed_flush_lsn, config_.mark);
+  auto mapper = outbox::RecordMapper::Create(config_.mapper);
+  if (!mapper) return std::unexpected(mapper.error());
+  mapper_.emplace(std::move(*mapper));
+  dead_letters_.emplace(config_.dlq_topic, static_cast<size_t>(config_.dlq_max_bytes),
+                        config_.columns);
+
+  auto on_delivery = [this](const kafka::Delivery& d) { OnDelivery(d); };
+  if (config_.sink == "null") {
+    sink_ = std::make_unique<kafka::NullSink>(on_delivery);
+  } else {
+    kafka::ProducerOptions opts{config_.kafka_brokers, config_.kafka_property_pairs};
+    auto producer = kafka::KafkaProducer::Create(opts, on_delivery);
+    if (!producer) return std::unexpected(producer.error());
+    if (auto st = (*producer)->CheckConnection(milliseconds(10000)); !st) {
+      spdlog::warn("Kafka not reachable yet ({}); records wait in the producer until it is",
+                   st.error().message);
+    }
+    sink_ = std::move(*producer);
+  }
+  if (config_.mark) {
+    marker::MarkerOptions mo;
+    mo.database_url = config_.database_url;
+    mo.table = config_.table_name;
+    mo.transaction_id_column = config_.columns.transaction_id;
+    mo.offset_column = config_.columns.offset;
+    mo.acked_column = config_.acked_column;
+    mo.slot_name = config_.slot;
+    mo.batch_max = static_cast<size_t>(config_.marker_batch);
+    marker_ = std::make_unique<marker::Marker>(mo, tracker_.get());
+    if (auto st = marker_->Start(); !st) return st;
+  }
+  return Ok();
+}
+
+int Relay::Run(const std::atomic<bool>& stop) {
+  // Setup: retried while the database is not reachable; bad settings stop here.
+  for (int attempt = 0;; ++attempt) {
+    if (stop.load()) return 0;
+    auto st = Prepare();
+    if (st) break;
+    if (DispositionOf(st.error()) != Disposition::kRetry) {
+      spdlog::error("{}", st.error().message);
+      return st.error().code == ErrorCode::kInvalidArgument ||
+                     st.error().code == ErrorCode::kPermission
+                 ? kExitConfig
+                 : kExitFailure;
+    }
+    milliseconds wait = Backoff(attempt);
+    spdlog::warn("setup: {} (retrying in {} ms)", st.error().message, wait.count());
+    marker_.reset();
+    sink_.reset();
+    SleepUnlessStopped(wait, stop);
+  }
+
+  int attempt = 0;
+  while (true) {
+    if (stop.load()) return Shutdown(nullptr, false);
+    auto conn = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kReplication);
+    Result<pg::ReplicationStream> stream =
+        conn ? pg::ReplicationStream::Start(std::move(*conn), config_.slot, config_.publication,
+                                            tracker_->confirmed())
+             : Result<pg::ReplicationStream>(std::unexpected(conn.error()));
+    Status st;
+    if (stream) {
+      if (stats_.standby.exchange(false)) spdlog::info("slot {} is free: taking over", config_.slot);
+      spdlog::info("streaming from slot {} at {}", config_.slot, tracker_->confirmed());
+      stats_.streaming = true;
+      attempt = 0;
+      relations_.Clear();
+      columns_.reset();
+      outbox_relid_ = 0;
+      st = StreamSession(*stream, stop);
+      stats_.streaming = false;
+      if (open_tx_ != nullptr) {
+        // The server will send this transaction again from its start.
+        tracker_->Abandon(open_tx_);
+        open_tx_ = nullptr;
+      }
+      if (st) return Shutdown(&*stream, false);
+    } else {
+      st = std::unexpected(stream.error());
+    }
+
+    const Error& err = st.error();
+    if (DispositionOf(err) != Disposition::kRetry) {
+      spdlog::error("{}", err.message);
+      return Shutdown(stream ? &*stream : nullptr, true);
+    }
+    if (err.code == ErrorCode::kSlotInUse) {
+      if (!stats_.standby.exchange(true)) {
+        spdlog::info("standby: {}; waiting to take over", err.message);
+      }
+    } else {
+      spdlog::warn("replication: {}", err.message);
+    }
+    stats_.reconnects.fetch_add(1);
+    // Let what is in flight finish so the restart position covers it and
+    // nothing is sent twice; bounded, since Kafka may be the one that is down.
+    auto drain_until = Clock::now() + milliseconds(5000);
+    while (!tracker_->empty() && !tracker_->failure() && Clock::now() < drain_until &&
+           !stop.load()) {
+      tracker_->WaitForProgress(milliseconds(100));
+    }
+    milliseconds wait = err.code == ErrorCode::kSlotInUse ? milliseconds(2000) : Backoff(attempt++);
+    SleepUnlessStopped(wait, stop);
+  }
+}
+
+Status Relay::StreamSession(pg::ReplicationStream& stream, const std::atomic<bool>& stop) {
+  last_status_ = Clock::now() - milliseconds(config_.status_interval_ms);
+  while (true) {
+    if (auto failure = tracker_->failure()) return Fail(ErrorCode::kFatal, "{}", *failure);
+    // Stop only between transactions: a half-read transaction would be sent
+    // again in full after a restart, and its first rows would be duplicates.
+    if (stop.load() && open_tx_ == nullptr) return Ok();
+    if (auto st = SendStatus(stream, false); !st) return st;
+    LogProgress();
+    if (Backpressured()) {
+      tracker_->WaitForProgress(milliseconds(2));
+      continue;
+    }
+    auto msg = stream.TryRead();
+    if (!msg) return std::unexpected(msg.error());
+    if (!*msg) {
+      if (auto st = stream.Wait(milliseconds(100)); !st) return st;
+      continue;
+    }
+    stats_.heartbeat_unix_micros.store(UnixMicrosNow(), std::memory_order_relaxed);
+    auto server_msg = walproto::DecodeServerMessage(**msg);
+    if (!server_msg) return std::unexpected(server_msg.error());
+    if (auto* k = std::get_if<walproto::PrimaryKeepalive>(&*server_msg)) {
+      stats_.keepalives.fetch_add(1, std::memory_order_relaxed);
+      received_ = std::max(received_, k->wal_end);
+      // Idle rule: nothing in flight and not inside a transaction, so every
+      // commit before wal_end was received and confirmed already.
+      if (open_tx_ == nullptr) tracker_->FollowServer(k->wal_end);
+      if (k->reply_requested) {
+        if (auto st = SendStatus(stream, true); !st) return st;
+      }
+      continue;
+    }
+    const auto& x = std::get<walproto::XLogData>(*server_msg);
+    received_ = std::max(received_, x.wal_end);
+    if (auto st = HandleXLogData(x.data, stream); !st) return st;
+  }
+}
+
+Status Relay::HandleXLogData(std::string_view data, pg::ReplicationStream& stream) {
+  if (auto st = pgoutput::Decode(data, &message_); !st) {
+    return Fail(ErrorCode::kProtocol, "pgoutput: {}", st.error().message);
+  }
+  if (auto* ins = std::get_if<pgoutput::Insert>(&message_)) return HandleInsert(*ins, stream);
+  if (auto* b = std::get_if<pgoutput::Begin>(&message_)) {
+    if (open_tx_ != nullptr) {
+      return Fail(ErrorCode::kProtocol, "pgoutput: Begin of xid {} inside xid {}", b->xid,
+                  open_tx_->xid);
+    }
+    open_tx_ = tracker_->Begin(b->final_lsn, b->commit_time, b->xid);
+    return Ok();
+  }
+  if (auto* c = std::get_if<pgoutput::Commit>(&message_)) {
+    if (open_tx_ == nullptr) {
+      return Fail(ErrorCode::kProtocol, "pgoutput: Commit at {} without Begin", c->commit_lsn);
+    }
+    stats_.transactions.fetch_add(1, std::memory_order_relaxed);
+    stats_.last_commit_unix_micros.store(c->commit_time.ToUnixMicros(), std::memory_order_relaxed);
+    tracker_->Commit(open_tx_, c->end_lsn);  // open_tx_ may be gone after this
+    open_tx_ = nullptr;
+    return Ok();
+  }
+  if (auto* r = std::get_if<pgoutput::Relation>(&message_)) return HandleRelation(*r);
+  if (auto* t = std::get_if<pgoutput::Truncate>(&message_)) {
+    for (pgoutput::Oid id : t->relation_ids) {
+      if (id == outbox_relid_) {
+        spdlog::warn("the outbox table {} was truncated: rows not yet published are gone",
+                     config_.table_name.ToString());
+      }
+    }
+    return Ok();
+  }
+  // Type, Origin, Message, and Update/Delete from a publication that sends
+  // them: nothing to publish.
+  return Ok();
+}
+
+Status Relay::HandleRelation(const pgoutput::Relation& relation) {
+  bool ours = relation.nspname == config_.table_name.schema &&
+              relation.relname == config_.table_name.name;
+  if (ours) {
+    // Sent before the first row and again after any schema change: columns
+    // are found by name each time.
+    auto map = outbox::ColumnMap::Resolve(relation, config_.columns);
+    if (!map) {
+      return Fail(ErrorCode::kFatal, "outbox table changed and can no longer be published: {}",
+                  map.error().message);
+    }
+    if (outbox_relid_ != 0 && columns_) {
+      spdlog::info("outbox table {} changed: {} columns", config_.table_name.ToString(),
+                   relation.columns.size());
+    }
+    columns_ = *map;
+    outbox_relid_ = relation.relation_id;
+  }
+  relations_.Put(relation);
+  return Ok();
+}
+
+Status Relay::HandleInsert(const pgoutput::Insert& insert, pg::ReplicationStream& stream) {
+  if (open_tx_ == nullptr) return Fail(ErrorCode::kProtocol, "pgoutput: Insert outside a transaction");
+  if (insert.relation_id != outbox_relid_) {
+    if (relations_.Find(insert.relation_id) == nullptr) {
+      return Fail(ErrorCode::kProtocol, "pgoutput: Insert for relation {} never described",
+                  insert.relation_id);
+    }
+    return Ok();  // another table in a shared publication
+  }
+  stats_.rows.fetch_add(1, std::memory_order_relaxed);
+  auto mapped = mapper_->Map(*columns_, insert.new_tuple, open_tx_->final_lsn);
+  if (!mapped) return std::unexpected(mapped.error());
+  tracking::AckTracker::NoteTransactionId(open_tx_, mapped->identity.transaction_id);
+  if (mapped->poison) return DeadLetter(*mapped->poison, mapped->identity, insert.new_tuple, stream);
+  auto st = Produce(*mapped->record, open_tx_, stream);
+  if (!st && st.error().code == ErrorCode::kPoison) {
+    // Refused by the producer itself (e.g. larger than message.max.bytes).
+    return DeadLetter(st.error(), mapped->identity, insert.new_tuple, stream);
+  }
+  return st;
+}
+
+Status Relay::DeadLetter(const Error& reason, const outbox::RowIdentity& identity,
+                         const pgoutput::TupleData& row, pg::ReplicationStream& stream) {
+  if (config_.on_poison == "halt") {
+    return Fail(ErrorCode::kFatal,
+                "poison row in {} (transaction_id={} offset={} uuid='{}', commit {}): {}. The "
+                "relay stopped before it and confirmed nothing past it. Fix or delete the row, "
+                "or run with OUTBOX_ON_POISON=dlq to send it to the dead-letter topic.",
+                config_.table_name.ToString(), identity.transaction_id, identity.offset,
+                identity.uuid, open_tx_->final_lsn, reason.message);
+  }
+  auto text = [&](int index) -> std::optional<std::string_view> {
+    if (index < 0 || static_cast<size_t>(index) >= row.values.size()) return std::nullopt;
+    const auto& v = row.values[static_cast<size_t>(index)];
+    if (v.kind != pgoutput::TupleValue::Kind::kText) return std::nullopt;
+    return v.text;
+  };
+  const outbox::KafkaRecord& record =
+      dead_letters_->Build(reason, identity, config_.table_name.ToString(), open_tx_->final_lsn,
+                           text(columns_->payload), text(columns_->metadata));
+  spdlog::warn("dead-lettering row transaction_id={} offset={} to {}: {}", identity.transaction_id,
+               identity.offset, config_.dlq_topic, reason.message);
+  stats_.dead_lettered.fetch_add(1, std::memory_order_relaxed);
+  auto st = Produce(record, open_tx_, stream);
+  if (!st) {
+    return Fail(ErrorCode::kFatal, "cannot dead-letter row transaction_id={} offset={}: {}",
+                identity.transaction_id, identity.offset, st.error().message);
+  }
+  return st;
+}
+
+Status Relay::Produce(const outbox::KafkaRecord& record, tracking::Transaction* tx,
+                      pg::ReplicationStream& stream) {
+  tracker_->AddMessage(tx);
+  while (true) {
+    auto accepted = sink_->Produce(record, tx);
+    if (!accepted) {
+      // Not taken: undo the count so the transaction can still complete.
+      tracker_->CancelMessage(tx);
+      return std::unexpected(accepted.error());
+    }
+    if (*accepted == kafka::Sink::Accepted::kQueued) {
+      stats_.produced.fetch_add(1, std::memory_order_relaxed);
+      return Ok();
+    }
+    // The producer's queue is full: keep the walsender content while waiting.
+    if (auto failure = tracker_->failure()) return Fail(ErrorCode::kFatal, "{}", *failure);
+    if (auto st = SendStatus(stream, false); !st) return st;
+    tracker_->WaitForProgress(milliseconds(1));
+  }
+}
+
+bool Relay::Backpressured() const {
+  return tracker_->rows_in_flight() >= config_.max_in_flight ||
+         tracker_->awaiting_mark() >= static_cast<size_t>(config_.marker_batch) * 4;
+}
+
+Status Relay::SendStatus(pg::ReplicationStream& stream, bool force) {
+  auto now = Clock::now();
+  Lsn flush = tracker_->confirmed();
+  auto since = now - last_status_;
+  bool moved = flush != last_sent_flush_ && since >= milliseconds(50);
+  if (!force && !moved && since < milliseconds(config_.status_interval_ms)) return Ok();
+  walproto::StandbyStatusUpdate update;
+  update.write = std::max(received_, flush);
+  update.flush = flush;
+  update.apply = flush;
+  update.send_time = PgTimestamp::Now();
+  if (auto st = stream.SendStatus(update); !st) return st;
+  last_status_ = now;
+  last_sent_flush_ = flush;
+  stats_.status_updates.fetch_add(1, std::memory_order_relaxed);
+  stats_.heartbeat_unix_micros.store(UnixMicrosNow(), std::memory_order_relaxed);
+  return Ok();
+}
+
+void Relay::OnDelivery(const kafka::Delivery& d) {
+  auto* tx = static_cast<tracking::Transaction*>(d.opaque);
+  if (!d.error) {
+    stats_.delivered.fetch_add(1, std::memory_order_relaxed);
+    tracker_->OnDelivered(tx);
+    return;
+  }
+  spdlog::error("{}", d.error->message);
+  tracker_->OnFailed(tx, d.error->message);
+}
+
+void Relay::LogProgress() {
+  auto now = Clock::now();
+  if (now - last_progress_log_ < std::chrono::seconds(30)) return;
+  last_progress_log_ = now;
+  auto s = tracker_->stats();
+  spdlog::info("progress: {} transactions, {} rows, {} delivered, {} dead-lettered; "
+               "confirmed {}, {} rows in flight",
+               stats_.transactions.load(), stats_.rows.load(), stats_.delivered.load(),
+               stats_.dead_lettered.load(), s.confirmed, s.rows_in_flight);
+}
+
+int Relay::Shutdown(pg::ReplicationStream* stream, bool failed) {
+  auto deadline = Clock::now() + milliseconds(config_.shutdown_timeout_ms);
+  auto remaining = [&] {
+    return std::max(milliseconds(0),
+                    std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
+  };
+  bool drained = false;
+  if (!failed) {
+    spdlog::info("stopping: flushing {} rows in flight", tracker_->rows_in_flight());
+    // Flush sends what linger holds back; deliveries then drain the tracker
+    // and the marker marks. Keep talking to the walsender meanwhile.
+    if (auto st = sink_->Flush(std::min(remaining(), milliseconds(1000))); !st) {
+      spdlog::debug("{}", st.error().message);
+    }
+    while (!(drained = tracker_->WaitEmpty(milliseconds(200))) && !tracker_->failure() &&
+           remaining() > milliseconds(0)) {
+      if (stream != nullptr) {
+        if (auto st = SendStatus(*stream, false); !st) stream = nullptr;
+      }
+    }
+  }
+  if (marker_) marker_->Stop(remaining());
+  if (stream != nullptr) {
+    // The final word: everything confirmed, so the next start sends nothing twice.
+    if (auto st = SendStatus(*stream, true); !st) {
+      spdlog::warn("final status update: {}", st.error().message);
+    }
+    (void)stream->Finish(std::min(remaining(), milliseconds(2000)) + milliseconds(100));
+  }
+  sink_.reset();  // joins the delivery thread
+  auto failure = tracker_->failure();
+  if (failed || failure) {
+    if (failure) spdlog::error("stopped after a delivery failure: {}", *failure);
+    spdlog::error("stopped without confirming past {}; a restart resumes there",
+                  tracker_->confirmed());
+    return kExitFailure;
+  }
+  if (!drained) {
+    spdlog::error("shutdown timeout: {} rows still in flight; confirmed {}",
+                  tracker_->rows_in_flight(), tracker_->confirmed());
+    return kExitFailure;
+  }
+  spdlog::info("stopped cleanly: confirmed {}, {} rows delivered", tracker_->confirmed(),
+               stats_.delivered.load());
+  return 0;
+}
+
+}  // namespace outbox_relay::app

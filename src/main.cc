@@ -1,0 +1,73 @@
+// outbox-relay: wiring only. Each subcommand lives in src/app/.
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <unistd.h>
+
+#include "outbox_relay/app/config.h"
+#include "outbox_relay/app/logging.h"
+#include "outbox_relay/app/relay.h"
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+
+void OnSignal(int) {
+  if (g_stop.exchange(true)) {
+    // A second signal: the operator does not want to wait for the drain.
+    constexpr char kMsg[] = "second signal: exiting without draining\n";
+    (void)!write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
+    _exit(130);
+  }
+}
+
+void InstallSignalHandlers() {
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "outbox-relay: publishes transactional-outbox rows from PostgreSQL to Kafka through "
+      "logical replication, at least once, in commit order."};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", OUTBOX_RELAY_VERSION);
+
+  outbox_relay::app::RelayConfig config;
+  CLI::App* run = app.add_subcommand("run", "Stream outbox INSERTs to Kafka until SIGTERM");
+  outbox_relay::app::AddRunFlags(*run, config);
+  outbox_relay::app::AddLogFlags(*run, config.log);
+
+  app.add_subcommand("version", "Print the version")->callback([] {
+    std::printf("outbox-relay %s\n", OUTBOX_RELAY_VERSION);
+  });
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  if (run->parsed()) {
+    outbox_relay::app::SetupLogging(config.log);
+    if (auto st = outbox_relay::app::Validate(config); !st) {
+      spdlog::error("{}", st.error().message);
+      return 2;
+    }
+    InstallSignalHandlers();
+    spdlog::info("outbox-relay {} starting: table {}, slot {}, publication {}, sink {}",
+                 OUTBOX_RELAY_VERSION, config.table, config.slot, config.publication, config.sink);
+    outbox_relay::app::Relay relay(config);
+    return relay.Run(g_stop);
+  }
+  return 0;
+}
