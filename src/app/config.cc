@@ -108,6 +108,27 @@ void AddRunFlags(CLI::App& app, RelayConfig& c) {
                  "Largest dead-letter record; bigger payloads are replaced by a reference")
       ->envname("OUTBOX_DLQ_MAX_BYTES")
       ->capture_default_str();
+  app.add_option("--on-slot-lost", c.on_slot_lost,
+                 "The slot is missing or invalidated: reconcile (recreate it and backfill the "
+                 "unacked rows) or fail (exit with an error)")
+      ->envname("OUTBOX_ON_SLOT_LOST")
+      ->check(CLI::IsMember({"reconcile", "fail"}))
+      ->capture_default_str();
+  app.add_option("--backfill", c.backfill,
+                 "When the slot is created: publish the unacked rows committed before it "
+                 "(migration from a polling forwarder)")
+      ->envname("OUTBOX_BACKFILL")
+      ->capture_default_str();
+  app.add_option("--create-topics", c.create_topics, "Create missing Kafka topics")
+      ->envname("OUTBOX_CREATE_TOPICS")
+      ->capture_default_str();
+  app.add_option("--topic-partitions", c.topic_partitions, "Partitions of created topics")
+      ->envname("OUTBOX_TOPIC_PARTITIONS")
+      ->capture_default_str();
+  app.add_option("--topic-replication-factor", c.topic_replication_factor,
+                 "Replication factor of created topics (-1: the broker's default)")
+      ->envname("OUTBOX_TOPIC_REPLICATION_FACTOR")
+      ->capture_default_str();
   app.add_option("--metrics-addr", c.metrics_addr,
                  "HTTP listener for /metrics, /healthz, /readyz (empty: off)")
       ->envname("OUTBOX_METRICS_ADDR")
@@ -193,6 +214,13 @@ Status Validate(RelayConfig& c) {
     return Bad("--dlq-topic", "OUTBOX_DLQ_TOPIC", "empty while --on-poison=dlq");
   }
   if (c.dlq_max_bytes < 1024) return Bad("--dlq-max-bytes", "OUTBOX_DLQ_MAX_BYTES", "must be >= 1024");
+  if (c.topic_partitions < 1) {
+    return Bad("--topic-partitions", "OUTBOX_TOPIC_PARTITIONS", "must be >= 1");
+  }
+  if (c.topic_replication_factor == 0 || c.topic_replication_factor < -1) {
+    return Bad("--topic-replication-factor", "OUTBOX_TOPIC_REPLICATION_FACTOR",
+               "must be -1 (broker default) or >= 1");
+  }
   if (c.row_count_interval_s < 1) {
     return Bad("--row-count-interval-s", "OUTBOX_ROW_COUNT_INTERVAL_S", "must be >= 1");
   }

@@ -77,53 +77,33 @@ Status Relay::Prepare() {
                 config_.table_name.ToString(), config_.acked_column);
   }
 
-  if (config_.mark) {
-    if (auto st = pg::EnsureRelaySchema(*conn); !st) return st;
-  }
+  if (auto st = pg::EnsureRelaySchema(*conn); !st) return st;
   if (auto st = pg::EnsurePublication(*conn, config_.publication, config_.table_name); !st) {
     return st;
   }
-  auto slot = pg::QuerySlot(*conn, config_.slot);
-  if (!slot) return std::unexpected(slot.error());
-  if (!slot->exists) {
-    auto repl = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kReplication);
-    if (!repl) return std::unexpected(repl.error());
-    auto created = pg::CreateSlot(*repl, config_.slot, /*export_snapshot=*/false);
-    if (!created) {
-      // Another instance may have created it in the meantime: that is fine.
-      auto again = pg::QuerySlot(*conn, config_.slot);
-      if (!again || !again->exists) return std::unexpected(created.error());
-    } else {
-      spdlog::info("created replication slot {} at {}", config_.slot, created->consistent_point);
-    }
-    slot = pg::QuerySlot(*conn, config_.slot);
-    if (!slot) return std::unexpected(slot.error());
-  } else if (slot->plugin != "pgoutput") {
-    return Fail(ErrorCode::kInvalidArgument,
-                "invalid setting --slot (OUTBOX_SLOT): slot {} uses plugin {}, not pgoutput",
-                config_.slot, slot->plugin);
-  }
-  if (slot->wal_status == "lost") {
-    return Fail(ErrorCode::kSlotLost,
-                "replication slot {} was invalidated (wal_status=lost): the WAL it needed is "
-                "gone",
-                config_.slot);
-  }
-  spdlog::info("slot {}: confirmed_flush_lsn {}, wal_status {}", config_.slot,
-               slot->confirmed_flush_lsn, slot->wal_status);
 
-  tracker_ = std::make_unique<tracking::AckTracker>(slot->confirmed_flush_lsn, config_.mark);
+  // The start position is set by SetupSlot from the slot itself.
+  tracker_ = std::make_unique<tracking::AckTracker>(kInvalidLsn, config_.mark);
+  if (const char* fault = std::getenv("OUTBOX_TEST_FAULT");
+      fault != nullptr && std::string_view(fault) == "confirm-newest") {
+    spdlog::warn("TEST FAULT confirm-newest: the confirmation rule is broken on purpose");
+    tracker_->EnableUnsafeConfirmNewest();
+  }
   auto mapper = outbox::RecordMapper::Create(config_.mapper);
   if (!mapper) return std::unexpected(mapper.error());
   mapper_.emplace(std::move(*mapper));
   dead_letters_.emplace(config_.dlq_topic, static_cast<size_t>(config_.dlq_max_bytes),
                         config_.columns);
+  refused_letters_.emplace(config_.dlq_topic, static_cast<size_t>(config_.dlq_max_bytes),
+                           config_.columns);
 
   auto on_delivery = [this](const kafka::Delivery& d) { OnDelivery(d); };
   if (config_.sink == "null") {
     sink_ = std::make_unique<kafka::NullSink>(on_delivery);
   } else {
-    kafka::ProducerOptions opts{config_.kafka_brokers, config_.kafka_property_pairs};
+    kafka::ProducerOptions opts{config_.kafka_brokers, config_.kafka_property_pairs,
+                                config_.create_topics, static_cast<int>(config_.topic_partitions),
+                                static_cast<int>(config_.topic_replication_factor)};
     auto producer = kafka::KafkaProducer::Create(opts, on_delivery);
     if (!producer) return std::unexpected(producer.error());
     if (auto st = (*producer)->CheckConnection(milliseconds(10000)); !st) {
@@ -170,6 +150,20 @@ int Relay::Run(const std::atomic<bool>& stop) {
   int attempt = 0;
   while (true) {
     if (stop.load()) return Shutdown(nullptr, false);
+    if (need_slot_setup_) {
+      auto st = SetupSlot(stop);
+      if (!st) {
+        if (DispositionOf(st.error()) != Disposition::kRetry) {
+          spdlog::error("{}", st.error().message);
+          return Shutdown(nullptr, true);
+        }
+        milliseconds wait = Backoff(attempt++);
+        spdlog::warn("slot setup: {} (retrying in {} ms)", st.error().message, wait.count());
+        SleepUnlessStopped(wait, stop);
+        continue;
+      }
+      need_slot_setup_ = false;
+    }
     auto conn = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kReplication);
     Result<pg::ReplicationStream> stream =
         conn ? pg::ReplicationStream::Start(std::move(*conn), config_.slot, config_.publication,
@@ -197,6 +191,16 @@ int Relay::Run(const std::atomic<bool>& stop) {
     }
 
     const Error& err = st.error();
+    if (err.code == ErrorCode::kSlotLost && config_.on_slot_lost == "reconcile") {
+      spdlog::error("{}: recreating the slot and backfilling the unacked rows", err.message);
+      stats_.slot_lost.fetch_add(1);
+      need_slot_setup_ = true;
+      // The new slot needs an empty tracker to start from its position.
+      while (!tracker_->empty() && !tracker_->failure() && !stop.load()) {
+        tracker_->WaitForProgress(milliseconds(100));
+      }
+      continue;
+    }
     if (DispositionOf(err) != Disposition::kRetry) {
       spdlog::error("{}", err.message);
       return Shutdown(stream ? &*stream : nullptr, true);
@@ -330,27 +334,35 @@ Status Relay::HandleInsert(const pgoutput::Insert& insert, pg::ReplicationStream
     return Ok();  // another table in a shared publication
   }
   stats_.rows.fetch_add(1, std::memory_order_relaxed);
-  auto mapped = mapper_->Map(*columns_, insert.new_tuple, open_tx_->final_lsn);
+  return MapAndProduce(*columns_, insert.new_tuple, open_tx_, &stream);
+}
+
+Status Relay::MapAndProduce(const outbox::ColumnMap& columns, const pgoutput::TupleData& row,
+                            tracking::Transaction* tx, pg::ReplicationStream* stream) {
+  auto mapped = mapper_->Map(columns, row, tx->final_lsn);
   if (!mapped) return std::unexpected(mapped.error());
-  tracking::AckTracker::NoteTransactionId(open_tx_, mapped->identity.transaction_id);
-  if (mapped->poison) return DeadLetter(*mapped->poison, mapped->identity, insert.new_tuple, stream);
-  auto st = Produce(*mapped->record, open_tx_, stream);
+  tracking::AckTracker::NoteTransactionId(tx, mapped->identity.transaction_id);
+  if (mapped->poison) {
+    return DeadLetter(*mapped->poison, mapped->identity, columns, row, tx, stream);
+  }
+  auto st = Produce(*mapped->record, tx, stream);
   if (!st && st.error().code == ErrorCode::kPoison) {
     // Refused by the producer itself (e.g. larger than message.max.bytes).
-    return DeadLetter(st.error(), mapped->identity, insert.new_tuple, stream);
+    return DeadLetter(st.error(), mapped->identity, columns, row, tx, stream);
   }
   return st;
 }
 
 Status Relay::DeadLetter(const Error& reason, const outbox::RowIdentity& identity,
-                         const pgoutput::TupleData& row, pg::ReplicationStream& stream) {
+                         const outbox::ColumnMap& columns, const pgoutput::TupleData& row,
+                         tracking::Transaction* tx, pg::ReplicationStream* stream) {
   if (config_.on_poison == "halt") {
     return Fail(ErrorCode::kFatal,
                 "poison row in {} (transaction_id={} offset={} uuid='{}', commit {}): {}. The "
                 "relay stopped before it and confirmed nothing past it. Fix or delete the row, "
                 "or run with OUTBOX_ON_POISON=dlq to send it to the dead-letter topic.",
                 config_.table_name.ToString(), identity.transaction_id, identity.offset,
-                identity.uuid, open_tx_->final_lsn, reason.message);
+                identity.uuid, tx->final_lsn, reason.message);
   }
   auto text = [&](int index) -> std::optional<std::string_view> {
     if (index < 0 || static_cast<size_t>(index) >= row.values.size()) return std::nullopt;
@@ -359,12 +371,12 @@ Status Relay::DeadLetter(const Error& reason, const outbox::RowIdentity& identit
     return v.text;
   };
   const outbox::KafkaRecord& record =
-      dead_letters_->Build(reason, identity, config_.table_name.ToString(), open_tx_->final_lsn,
-                           text(columns_->payload), text(columns_->metadata));
+      dead_letters_->Build(reason, identity, config_.table_name.ToString(), tx->final_lsn,
+                           text(columns.payload), text(columns.metadata));
   spdlog::warn("dead-lettering row transaction_id={} offset={} to {}: {}", identity.transaction_id,
                identity.offset, config_.dlq_topic, reason.message);
   stats_.dead_lettered.fetch_add(1, std::memory_order_relaxed);
-  auto st = Produce(record, open_tx_, stream);
+  auto st = Produce(record, tx, stream);
   if (!st) {
     return Fail(ErrorCode::kFatal, "cannot dead-letter row transaction_id={} offset={}: {}",
                 identity.transaction_id, identity.offset, st.error().message);
@@ -373,7 +385,7 @@ Status Relay::DeadLetter(const Error& reason, const outbox::RowIdentity& identit
 }
 
 Status Relay::Produce(const outbox::KafkaRecord& record, tracking::Transaction* tx,
-                      pg::ReplicationStream& stream) {
+                      pg::ReplicationStream* stream) {
   tracker_->AddMessage(tx);
   while (true) {
     auto accepted = sink_->Produce(record, tx);
@@ -388,7 +400,9 @@ Status Relay::Produce(const outbox::KafkaRecord& record, tracking::Transaction* 
     }
     // The producer's queue is full: keep the walsender content while waiting.
     if (auto failure = tracker_->failure()) return Fail(ErrorCode::kFatal, "{}", *failure);
-    if (auto st = SendStatus(stream, false); !st) return st;
+    if (stream != nullptr) {
+      if (auto st = SendStatus(*stream, false); !st) return st;
+    }
     tracker_->WaitForProgress(milliseconds(1));
   }
 }
@@ -424,8 +438,48 @@ void Relay::OnDelivery(const kafka::Delivery& d) {
     tracker_->OnDelivered(tx);
     return;
   }
+  if (d.error->code == ErrorCode::kPoison && config_.on_poison == "dlq" &&
+      d.topic != config_.dlq_topic) {
+    DeadLetterRefused(d, tx);
+    return;
+  }
   spdlog::error("{}", d.error->message);
   tracker_->OnFailed(tx, d.error->message);
+}
+
+void Relay::DeadLetterRefused(const kafka::Delivery& d, tracking::Transaction* tx) {
+  // The broker refused a record the producer had accepted (e.g. larger than
+  // the topic's max.message.bytes). The row itself is gone from memory; what
+  // identifies it is its uuid header and its transaction.
+  outbox::RowIdentity identity;
+  identity.offset = -1;
+  if (!tx->transaction_ids.empty()) identity.transaction_id = tx->transaction_ids.front();
+  std::optional<std::string_view> metadata;
+  for (const auto& [name, value] : d.headers) {
+    if (name == outbox::kUuidHeader) identity.uuid = value;
+  }
+  Error reason{ErrorCode::kPoison,
+               fmt::format("{} (offset unknown: select the row by uuid '{}')", d.error->message,
+                           identity.uuid)};
+  const outbox::KafkaRecord& record = refused_letters_->Build(
+      reason, identity, config_.table_name.ToString(), tx->final_lsn, d.value, metadata);
+  spdlog::warn("dead-lettering refused record uuid='{}' of transaction {} to {}: {}",
+               identity.uuid, identity.transaction_id, config_.dlq_topic, d.error->message);
+  stats_.dead_lettered.fetch_add(1, std::memory_order_relaxed);
+  // The refused message still holds its pending token, so the transaction
+  // cannot complete between these two calls.
+  tracker_->AddDeadLetter(tx);
+  auto accepted = sink_->Produce(record, tx);
+  while (accepted && *accepted == kafka::Sink::Accepted::kQueueFull) {
+    std::this_thread::sleep_for(milliseconds(1));
+    accepted = sink_->Produce(record, tx);
+  }
+  if (!accepted) {
+    tracker_->OnFailed(tx, fmt::format("cannot dead-letter refused record uuid='{}': {}",
+                                       identity.uuid, accepted.error().message));
+    return;
+  }
+  tracker_->OnDelivered(tx);  // the refused original is settled by its dead letter
 }
 
 void Relay::LogProgress() {

@@ -83,6 +83,7 @@ Result<std::unique_ptr<KafkaProducer>> KafkaProducer::Create(const ProducerOptio
   }
   std::unique_ptr<KafkaProducer> p(new KafkaProducer());
   p->on_delivery_ = std::move(on_delivery);
+  p->options_ = options;
   rd_kafka_conf_set_opaque(conf, p.get());
   rd_kafka_conf_set_dr_msg_cb(conf, &KafkaProducer::OnDeliveryReport);
   rd_kafka_conf_set_error_cb(conf, &KafkaProducer::OnError);
@@ -117,10 +118,49 @@ rd_kafka_topic_t* KafkaProducer::Topic(std::string_view name) {
   key.assign(name);
   auto it = topics_.find(key);
   if (it != topics_.end()) return it->second.get();
+  if (options_.create_topics) CreateTopic(key);
   rd_kafka_topic_t* rkt = rd_kafka_topic_new(rk_.get(), key.c_str(), nullptr);
   if (rkt == nullptr) return nullptr;
   topics_.emplace(key, TopicHandle(rkt));
   return rkt;
+}
+
+void KafkaProducer::CreateTopic(const std::string& name) {
+  std::array<char, 512> errstr{};
+  rd_kafka_NewTopic_t* topic =
+      rd_kafka_NewTopic_new(name.c_str(), options_.topic_partitions,
+                            options_.topic_replication_factor, errstr.data(), errstr.size());
+  if (topic == nullptr) {
+    spdlog::warn("kafka: cannot create topic {}: {}", name, errstr.data());
+    return;
+  }
+  rd_kafka_queue_t* queue = rd_kafka_queue_new(rk_.get());
+  rd_kafka_AdminOptions_t* opts =
+      rd_kafka_AdminOptions_new(rk_.get(), RD_KAFKA_ADMIN_OP_CREATETOPICS);
+  rd_kafka_AdminOptions_set_operation_timeout(opts, 10000, errstr.data(), errstr.size());
+  rd_kafka_CreateTopics(rk_.get(), &topic, 1, opts, queue);
+  rd_kafka_event_t* ev = rd_kafka_queue_poll(queue, 15000);
+  const rd_kafka_CreateTopics_result_t* result =
+      ev != nullptr ? rd_kafka_event_CreateTopics_result(ev) : nullptr;
+  if (result == nullptr) {
+    spdlog::warn("kafka: creating topic {}: {}", name,
+                 ev != nullptr ? rd_kafka_event_error_string(ev) : "timed out");
+  } else {
+    size_t count = 0;
+    const rd_kafka_topic_result_t** topics = rd_kafka_CreateTopics_result_topics(result, &count);
+    for (size_t i = 0; i < count; ++i) {
+      rd_kafka_resp_err_t err = rd_kafka_topic_result_error(topics[i]);
+      if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+        spdlog::info("kafka: created topic {} ({} partitions)", name, options_.topic_partitions);
+      } else if (err != RD_KAFKA_RESP_ERR_TOPIC_ALREADY_EXISTS) {
+        spdlog::warn("kafka: creating topic {}: {}", name, rd_kafka_topic_result_error_string(topics[i]));
+      }
+    }
+  }
+  if (ev != nullptr) rd_kafka_event_destroy(ev);
+  rd_kafka_AdminOptions_destroy(opts);
+  rd_kafka_queue_destroy(queue);
+  rd_kafka_NewTopic_destroy(topic);
 }
 
 Result<Sink::Accepted> KafkaProducer::Produce(const outbox::KafkaRecord& record, void* opaque) {

@@ -31,6 +31,7 @@ std::string Marker::MarkSql(const MarkerOptions& o) {
       " timestamptz '2000-01-01 00:00:00+00' + c.micros * interval '1 microsecond', c.row_count"
       " FROM unnest($3::pg_lsn[], $4::pg_lsn[], $5::text[], $6::bigint[], $7::int[])"
       " AS c(commit_lsn, end_lsn, xids, micros, row_count)"
+      " WHERE c.commit_lsn <> '0/0'::pg_lsn"  // backfilled rows have no commit LSN
       " ON CONFLICT (slot_name, commit_lsn) DO NOTHING RETURNING 1"
       ") SELECT (SELECT count(*) FROM marked), (SELECT count(*) FROM indexed)",
       fmt::arg("table", o.table.Quoted()), fmt::arg("acked", pg::QuoteIdent(o.acked_column)),

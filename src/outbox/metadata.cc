@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <utility>
 
@@ -39,6 +40,15 @@ std::string_view Shorten(std::string_view s, size_t max = 128) {
 
 std::string_view Ellipsis(std::string_view s, size_t max = 128) {
   return s.size() <= max ? "" : "...";
+}
+
+// Byte-wise order, as Go sorts map keys. Envelope keys mostly differ in their
+// first byte, so that byte is compared inline before calling memcmp.
+inline bool KeyLess(std::string_view a, std::string_view b) {
+  if (!a.empty() && !b.empty() && a[0] != b[0]) {
+    return static_cast<unsigned char>(a[0]) < static_cast<unsigned char>(b[0]);
+  }
+  return a < b;
 }
 
 std::string_view DescribeType(simdjson::dom::element_type type) {
@@ -85,18 +95,27 @@ struct Metadata::Impl {
   std::string arena;           // unescaped keys and values
   std::vector<Entry> entries;  // sorted by key once a Parse or Set completes
 
-  std::string_view View(Span s) const { return std::string_view(arena).substr(s.offset, s.size); }
+  std::string_view View(Span s) const { return std::string_view(arena.data() + s.offset, s.size); }
 
-  // Stores `s` in the arena. A view that already points into the arena (for
-  // example a value from Get() passed back to Set()) is referenced, not copied.
-  Span Store(std::string_view s) {
-    if (const char* base = arena.data();
-        !s.empty() && s.data() >= base && s.data() + s.size() <= base + arena.size()) {
-      return Span{static_cast<size_t>(s.data() - base), s.size()};
-    }
+  // std::less: a total order even for pointers into unrelated objects.
+  bool Contains(std::string_view s) const {
+    const std::less<const char*> less;
+    return !s.empty() && !less(s.data(), arena.data()) &&
+           !less(arena.data() + arena.size(), s.data() + s.size());
+  }
+  Span Reference(std::string_view s) const {
+    return Span{static_cast<size_t>(s.data() - arena.data()), s.size()};
+  }
+  Span Append(std::string_view s) {
     Span span{arena.size(), s.size()};
     arena.append(s);
     return span;
+  }
+
+  // Rebuilds the views from the offsets (within capacity: no allocation).
+  void PublishTo(std::vector<std::pair<std::string_view, std::string_view>>* out) const {
+    out->clear();
+    for (const Entry& e : entries) out->emplace_back(View(e.key), View(e.value));
   }
 
   void Reset() {
@@ -151,38 +170,51 @@ Status Metadata::Parse(std::optional<std::string_view> json) {
                 DescribeType(root_type));
   }
 
-  // Unescaped strings are never longer than their JSON text, so one reserve
-  // covers the whole document (and is a no-op in steady state).
-  im.arena.reserve(json->size());
   // A named object: ranging over get_object().value_unsafe() would bind to a
   // member of a temporary that dies before the loop runs.
   simdjson::dom::object object;
   if (auto err = root.get_object().get(object); err != simdjson::SUCCESS) {
     return Fail(ErrorCode::kPoison, "metadata: {}", simdjson::error_message(err));
   }
-  size_t order = 0;
-  for (simdjson::dom::key_value_pair field : object) {
-    std::string_view value;
-    const auto type = field.value.type();
-    if (type == simdjson::dom::element_type::STRING) {
-      value = field.value.get_string().value_unsafe();
-    } else if (type != simdjson::dom::element_type::NULL_VALUE) {
-      im.Reset();
-      return Fail(ErrorCode::kPoison, "metadata value for key \"{}{}\" is {}, expected a string",
-                  Shorten(field.key), Ellipsis(field.key), DescribeType(type));
+  // Unescaped strings are never longer than their JSON text (quotes and
+  // escapes only shrink), so all keys and values fit in json->size() bytes:
+  // size the arena once and memcpy into it.
+  std::string_view bad_key;
+  auto bad_type = simdjson::dom::element_type::NULL_VALUE;
+  im.arena.resize_and_overwrite(json->size(), [&](char* buf, size_t) {
+    size_t used = 0;
+    size_t order = 0;
+    for (simdjson::dom::key_value_pair field : object) {
+      std::string_view value;
+      const auto type = field.value.type();
+      if (type == simdjson::dom::element_type::STRING) {
+        value = field.value.get_string().value_unsafe();
+      } else if (type != simdjson::dom::element_type::NULL_VALUE) {
+        bad_key = field.key;
+        bad_type = type;
+        return size_t{0};
+      }
+      const Impl::Span key_span{used, field.key.size()};
+      if (!field.key.empty()) std::memcpy(buf + used, field.key.data(), field.key.size());
+      used += field.key.size();
+      const Impl::Span value_span{used, value.size()};
+      if (!value.empty()) std::memcpy(buf + used, value.data(), value.size());
+      used += value.size();
+      im.entries.push_back(Impl::Entry{key_span, value_span, order++});
     }
-    Impl::Span key_span{im.arena.size(), field.key.size()};
-    im.arena.append(field.key);
-    Impl::Span value_span{im.arena.size(), value.size()};
-    im.arena.append(value);
-    im.entries.push_back(Impl::Entry{key_span, value_span, order++});
+    return used;
+  });
+  if (bad_type != simdjson::dom::element_type::NULL_VALUE) {
+    im.Reset();
+    return Fail(ErrorCode::kPoison, "metadata value for key \"{}{}\" is {}, expected a string",
+                Shorten(bad_key), Ellipsis(bad_key), DescribeType(bad_type));
   }
 
   // Go writes keys sorted and unique, so the common case is one linear check.
   // Otherwise sort by (key, document order) and keep the last of each key.
   // std::sort, unlike std::stable_sort, never allocates.
   auto key_less = [&im](const Impl::Entry& a, const Impl::Entry& b) {
-    return im.View(a.key) < im.View(b.key);
+    return KeyLess(im.View(a.key), im.View(b.key));
   };
   bool strictly_sorted = true;
   for (size_t i = 1; i < im.entries.size() && strictly_sorted; ++i) {
@@ -203,43 +235,59 @@ Status Metadata::Parse(std::optional<std::string_view> json) {
     im.entries.resize(out);
   }
 
-  for (const Impl::Entry& e : im.entries) entries_.emplace_back(im.View(e.key), im.View(e.value));
+  im.PublishTo(&entries_);
   return Ok();
 }
 
 void Metadata::Set(std::string_view key, std::string_view value) {
   if (impl_ == nullptr) impl_ = new Impl;
   Impl& im = *impl_;
-  // Resolve both views before anything is appended: an append can move the
-  // arena and with it any argument that points into it.
-  const bool key_in_arena = !key.empty() && key.data() >= im.arena.data() &&
-                            key.data() + key.size() <= im.arena.data() + im.arena.size();
-  const bool value_in_arena = !value.empty() && value.data() >= im.arena.data() &&
-                              value.data() + value.size() <= im.arena.data() + im.arena.size();
+  // Arguments that already point into the arena (say, a value from Get())
+  // are referenced, not copied; they are resolved before anything is
+  // appended, since an append can move the arena and them with it.
+  const char* const arena_before = im.arena.data();
+  const bool key_in_arena = im.Contains(key);
+  const bool value_in_arena = im.Contains(value);
   Impl::Span key_span, value_span;
-  if (key_in_arena) key_span = im.Store(key);
-  if (value_in_arena) value_span = im.Store(value);
-  if (!key_in_arena) key_span = im.Store(key);
-  if (!value_in_arena) value_span = im.Store(value);
+  if (key_in_arena) key_span = im.Reference(key);
+  if (value_in_arena) value_span = im.Reference(value);
+  if (!key_in_arena) key_span = im.Append(key);
+  if (!value_in_arena) value_span = im.Append(value);
 
   const std::string_view stored_key = im.View(key_span);
   auto it = std::lower_bound(
       im.entries.begin(), im.entries.end(), stored_key,
-      [&im](const Impl::Entry& e, std::string_view k) { return im.View(e.key) < k; });
-  if (it != im.entries.end() && im.View(it->key) == stored_key) {
+      [&im](const Impl::Entry& e, std::string_view k) { return KeyLess(im.View(e.key), k); });
+  const auto index = static_cast<size_t>(it - im.entries.begin());
+  const bool replace = it != im.entries.end() && im.View(it->key) == stored_key;
+  if (replace) {
     it->value = value_span;
   } else {
     im.entries.insert(it, Impl::Entry{key_span, value_span, im.entries.size()});
   }
 
-  entries_.clear();
-  for (const Impl::Entry& e : im.entries) entries_.emplace_back(im.View(e.key), im.View(e.value));
+  if (im.arena.data() != arena_before) {  // every view moved: rebuild them all
+    im.PublishTo(&entries_);
+  } else if (replace) {
+    entries_[index].second = im.View(value_span);
+  } else {
+    entries_.emplace(entries_.begin() + static_cast<std::ptrdiff_t>(index), im.View(key_span),
+                     im.View(value_span));
+  }
 }
 
 std::optional<std::string_view> Metadata::Get(std::string_view key) const {
+  // An envelope has a handful of keys: a linear scan comparing lengths first
+  // beats a binary search of memcmp calls. Large objects get the search.
+  if (entries_.size() <= 16) {
+    for (const auto& [k, v] : entries_) {
+      if (k == key) return v;
+    }
+    return std::nullopt;
+  }
   auto it = std::lower_bound(entries_.begin(), entries_.end(), key,
                              [](const std::pair<std::string_view, std::string_view>& e,
-                                std::string_view k) { return e.first < k; });
+                                std::string_view k) { return KeyLess(e.first, k); });
   if (it == entries_.end() || it->first != key) return std::nullopt;
   return it->second;
 }

@@ -33,6 +33,14 @@ constexpr std::string_view kEventTypeKey = "Event-Type";
 
 using pgoutput::TupleValue;
 
+// Byte-wise order, as the metadata is sorted; most keys differ in the first byte.
+inline bool KeyLess(std::string_view a, std::string_view b) {
+  if (!a.empty() && !b.empty() && a[0] != b[0]) {
+    return static_cast<unsigned char>(a[0]) < static_cast<unsigned char>(b[0]);
+  }
+  return a < b;
+}
+
 // The column at `index` of `row`, as needed for `role` ("uuid", "payload"...).
 Result<const TupleValue*> Column(const pgoutput::TupleData& row, int index, std::string_view role) {
   if (index < 0 || static_cast<size_t>(index) >= row.values.size()) {
@@ -163,41 +171,50 @@ Result<Mapped> RecordMapper::Map(const ColumnMap& columns, const pgoutput::Tuple
     mapped.poison = std::move(st.error());
     return mapped;
   }
-  // watermill-kafka's marshaler refuses a message whose metadata sets the
-  // UUID header itself; so do we, rather than send two UUID headers.
-  if (auto reserved = metadata_.Get(kUuidHeader); reserved && !reserved->empty()) {
-    mapped.poison =
-        Error{ErrorCode::kPoison,
-              fmt::format("metadata key \"{}\" is reserved for the message UUID", kUuidHeader)};
-    return mapped;
-  }
   if (auto st = template_.Render(metadata_, &topic_); !st) {
     mapped.poison = std::move(st.error());
     return mapped;
   }
 
-  bool has_key = false;
+  std::optional<std::string_view> key;
   if (!options_.key_field.empty()) {
-    auto key = metadata_.Get(options_.key_field);
-    has_key = key && !key->empty();
-    if (has_key && options_.partition_key_header) metadata_.Set(kPartitionKeyHeader, *key);
+    key = metadata_.Get(options_.key_field);
+    if (key && key->empty()) key.reset();
   }
-  // Views into the metadata are taken only now: Set() may move its storage.
   record_.topic = topic_;
-  record_.key = has_key ? metadata_.Get(options_.key_field) : std::nullopt;
+  record_.key = key;
   const TupleValue& payload = **payload_col;
   record_.value = payload.kind == TupleValue::Kind::kText
                       ? std::optional<std::string_view>(payload.text)
                       : std::nullopt;
   record_.event_type = metadata_.Get(kEventTypeKey).value_or(std::string_view());
 
+  // partition_key = key is merged into the sorted headers here, replacing one
+  // the metadata may carry: the same bytes as Metadata::Set would give,
+  // without touching the metadata's storage.
   auto& headers = record_.headers;
   headers.clear();
   headers.emplace_back(kUuidHeader, uuid.text);
+  bool partition_key_pending = key.has_value() && options_.partition_key_header;
   for (const auto& entry : metadata_.entries()) {
-    if (entry.first == kUuidHeader) continue;  // empty (non-empty was refused above)
+    if (partition_key_pending && !KeyLess(entry.first, kPartitionKeyHeader)) {
+      headers.emplace_back(kPartitionKeyHeader, *key);
+      partition_key_pending = false;
+      if (entry.first == kPartitionKeyHeader) continue;
+    }
+    if (entry.first == kUuidHeader) {
+      // watermill-kafka's marshaler refuses a message whose metadata sets the
+      // UUID header; so do we. An empty one is dropped rather than sent as a
+      // second UUID header that consumers would read as the message's UUID.
+      if (entry.second.empty()) continue;
+      mapped.poison =
+          Error{ErrorCode::kPoison,
+                fmt::format("metadata key \"{}\" is reserved for the message UUID", kUuidHeader)};
+      return mapped;
+    }
     headers.push_back(entry);
   }
+  if (partition_key_pending) headers.emplace_back(kPartitionKeyHeader, *key);
   if (!options_.commit_lsn_header.empty()) {
     lsn_text_.clear();
     fmt::format_to(std::back_inserter(lsn_text_), "{}", commit_lsn);

@@ -1,5 +1,7 @@
 #include "outbox_relay/pg/connection.h"
 
+#include <spdlog/spdlog.h>
+
 #include <cstring>
 
 namespace outbox_relay::pg {
@@ -150,6 +152,16 @@ Result<Connection> Connection::Open(std::string_view url, Mode mode,
     return Fail(code, "connect to PostgreSQL{}: {}",
                 mode == Mode::kReplication ? " (replication)" : "", msg);
   }
+  // Server notices ("relation already exists, skipping") are not errors;
+  // keep them out of stderr unless debugging.
+  PQsetNoticeProcessor(
+      conn.get(),
+      [](void*, const char* message) {
+        std::string_view m(message);
+        while (!m.empty() && m.back() == '\n') m.remove_suffix(1);
+        spdlog::debug("postgres: {}", m);
+      },
+      nullptr);
   return Connection(std::move(conn));
 }
 

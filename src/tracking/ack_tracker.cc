@@ -26,6 +26,11 @@ void AckTracker::AddMessage(Transaction* tx) {
   rows_in_flight_.fetch_add(1, std::memory_order_relaxed);
 }
 
+void AckTracker::AddDeadLetter(Transaction* tx) {
+  tx->pending.fetch_add(1, std::memory_order_relaxed);
+  rows_in_flight_.fetch_add(1, std::memory_order_relaxed);
+}
+
 void AckTracker::CancelMessage(Transaction* tx) {
   --tx->rows;
   rows_in_flight_.fetch_sub(1, std::memory_order_relaxed);
@@ -74,6 +79,9 @@ void AckTracker::Release(Transaction* tx, int64_t count) {
 void AckTracker::Complete(Transaction* tx) {
   std::lock_guard lock(mu_);
   tx->delivered = true;
+  if (unsafe_confirm_newest_ && !tx->abandoned) {
+    confirmed_.store(std::max(confirmed_.load(), tx->end_lsn.value()));
+  }
   if (tx->abandoned || !marking_) {
     tx->marked = true;  // nothing to mark: abandoned rows come again with the re-sent transaction
   } else {
@@ -94,6 +102,13 @@ void AckTracker::AdvanceLocked() {
     in_flight_.pop_front();
   }
   confirmed_.store(confirmed, std::memory_order_release);
+}
+
+bool AckTracker::ResetConfirmed(Lsn position) {
+  std::lock_guard lock(mu_);
+  if (!in_flight_.empty()) return false;
+  confirmed_.store(position.value(), std::memory_order_release);
+  return true;
 }
 
 bool AckTracker::FollowServer(Lsn wal_end) {

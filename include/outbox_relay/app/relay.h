@@ -43,15 +43,24 @@ class Relay {
 
  private:
   Status Prepare();
+  // Publication, slot (created, or recreated when lost) and the snapshot
+  // backfill a new slot needs. Runs at start and after a slot loss.
+  Status SetupSlot(const std::atomic<bool>& stop);
+  Status Backfill(pg::Connection& conn, const std::string& snapshot, const std::atomic<bool>& stop);
   Status StreamSession(pg::ReplicationStream& stream, const std::atomic<bool>& stop);
   Status HandleXLogData(std::string_view data, pg::ReplicationStream& stream);
   Status HandleInsert(const pgoutput::Insert& insert, pg::ReplicationStream& stream);
   Status HandleRelation(const pgoutput::Relation& relation);
+  // `stream` may be null (backfill): then there is no walsender to keep content.
   Status Produce(const outbox::KafkaRecord& record, tracking::Transaction* tx,
-                 pg::ReplicationStream& stream);
+                 pg::ReplicationStream* stream);
+  Status MapAndProduce(const outbox::ColumnMap& columns, const pgoutput::TupleData& row,
+                       tracking::Transaction* tx, pg::ReplicationStream* stream);
   Status DeadLetter(const Error& reason, const outbox::RowIdentity& identity,
-                    const pgoutput::TupleData& row, pg::ReplicationStream& stream);
+                    const outbox::ColumnMap& columns, const pgoutput::TupleData& row,
+                    tracking::Transaction* tx, pg::ReplicationStream* stream);
   Status SendStatus(pg::ReplicationStream& stream, bool force);
+  void DeadLetterRefused(const kafka::Delivery& delivery, tracking::Transaction* tx);
   void OnDelivery(const kafka::Delivery& delivery);
   int Shutdown(pg::ReplicationStream* stream, bool failed);
   bool Backpressured() const;
@@ -64,6 +73,8 @@ class Relay {
   std::unique_ptr<marker::Marker> marker_;
   std::optional<outbox::RecordMapper> mapper_;
   std::optional<outbox::DeadLetterBuilder> dead_letters_;
+  std::optional<outbox::DeadLetterBuilder> refused_letters_;  // delivery thread only
+  bool need_slot_setup_ = true;
 
   // Replication-loop state.
   pgoutput::RelationCache relations_;

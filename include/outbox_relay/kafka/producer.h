@@ -28,6 +28,10 @@ struct ProducerOptions {
   // Applied after our defaults, in order; the user's word wins except where
   // it would break delivery guarantees.
   std::vector<std::pair<std::string, std::string>> properties;
+  // Create a topic the first time a record goes to it (Admin API).
+  bool create_topics = false;
+  int topic_partitions = 3;
+  int topic_replication_factor = -1;
 };
 
 // Our defaults, then the user's properties. kInvalidArgument names a
@@ -65,10 +69,12 @@ class KafkaProducer final : public Sink {
   static void OnError(rd_kafka_t* rk, int err, const char* reason, void* opaque);
   static void OnLog(const rd_kafka_t* rk, int level, const char* fac, const char* buf);
   rd_kafka_topic_t* Topic(std::string_view name);
+  void CreateTopic(const std::string& name);
   void PollLoop();
 
   KafkaHandle rk_;
   DeliveryCallback on_delivery_;
+  ProducerOptions options_;
   std::mutex topics_mu_;
   std::unordered_map<std::string, TopicHandle> topics_;
   std::atomic<bool> stop_{false};

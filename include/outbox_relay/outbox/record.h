@@ -36,7 +36,9 @@ class Metadata {
 
   // Reuses internal storage between calls; previous views become invalid.
   Status Parse(std::optional<std::string_view> json);
-  // Sets or replaces an entry (keeps the order).
+  // Sets or replaces an entry (keeps the order). The arguments may be views
+  // of this Metadata's own entries. Views taken before may become invalid
+  // (the storage can grow); take them again after Set().
   void Set(std::string_view key, std::string_view value);
 
   std::optional<std::string_view> Get(std::string_view key) const;

@@ -71,6 +71,14 @@ class AckTracker {
   // `marking`: when false, a delivered transaction counts as marked at once
   // (no marker runs, e.g. a benchmark with marking off).
   explicit AckTracker(Lsn start, bool marking = true);
+
+  // TEST ONLY: breaks the confirmation rule by confirming each transaction as
+  // soon as its own rows are acknowledged, ignoring the ones before it and the
+  // marking. Exists so the crash tests can prove they detect loss.
+  void EnableUnsafeConfirmNewest() { unsafe_confirm_newest_ = true; }
+
+  // A new slot starts at a new position. Only while nothing is in flight.
+  bool ResetConfirmed(Lsn position);
   AckTracker(const AckTracker&) = delete;
   AckTracker& operator=(const AckTracker&) = delete;
 
@@ -78,6 +86,9 @@ class AckTracker {
   Transaction* Begin(Lsn final_lsn, PgTimestamp commit_time, uint32_t xid);
   // Call before producing a message for `tx` (a row or its dead letter).
   void AddMessage(Transaction* tx);
+  // From the delivery thread: one more message for `tx`, which must still
+  // hold a pending token of its own (the refused message being replaced).
+  void AddDeadLetter(Transaction* tx);
   // Undoes AddMessage for a message the sink did not take.
   void CancelMessage(Transaction* tx);
   // Records the xid8 of one of its rows (marking works on these).
@@ -131,6 +142,7 @@ class AckTracker {
   std::atomic<int64_t> rows_in_flight_{0};
   uint64_t next_seq_ = 0;
   const bool marking_;
+  bool unsafe_confirm_newest_ = false;
 };
 
 }  // namespace outbox_relay::tracking
