@@ -57,9 +57,17 @@ const KafkaRecord& DeadLetterBuilder::Build(const Error& reason, const RowIdenti
   fmt::format_to(std::back_inserter(xid_text_), "{}", identity.transaction_id);
   offset_text_.clear();
   fmt::format_to(std::back_inserter(offset_text_), "{}", identity.offset);
+  // A negative offset means the caller does not know it (a record the broker
+  // refused after the row left memory): point at the row by uuid instead.
   reference_.clear();
-  fmt::format_to(std::back_inserter(reference_), "{} {}={} {}={}", table_, columns_.transaction_id,
-                 identity.transaction_id, columns_.offset, identity.offset);
+  fmt::format_to(std::back_inserter(reference_), "{} {}={}", table_, columns_.transaction_id,
+                 identity.transaction_id);
+  if (identity.offset >= 0) {
+    fmt::format_to(std::back_inserter(reference_), " {}={}", columns_.offset, identity.offset);
+  } else if (!identity.uuid.empty()) {
+    fmt::format_to(std::back_inserter(reference_), " {}={}", columns_.uuid,
+                   Utf8Prefix(identity.uuid, 64));
+  }
 
   std::string_view uuid = identity.uuid;
   bool with_key = !uuid.empty();

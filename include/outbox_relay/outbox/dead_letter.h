@@ -27,7 +27,8 @@
 // out first, then the other, then the reason is cut (at a UTF-8 boundary).
 // The row is still in the table (it is not marked before the dead letter is
 // acknowledged), and outbox_dlq_reference says how to select it, e.g.
-// "public.outbox transaction_id=123 offset_consumed=45".
+// "public.outbox transaction_id=123 offset_consumed=45", or, when the offset
+// is not known (RowIdentity::offset < 0), "... transaction_id=123 uuid=01H...".
 //
 // Not thread-safe; the returned record is valid until the next Build() and
 // as long as the views passed to Build() (uuid, payload, metadata).

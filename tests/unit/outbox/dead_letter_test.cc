@@ -130,6 +130,18 @@ TEST(DeadLetter, ReferenceUsesTheConfiguredColumnNames) {
                                               "offset=45")));
 }
 
+TEST(DeadLetter, ReferenceFallsBackToTheUuidWhenTheOffsetIsUnknown) {
+  RowIdentity identity = Identity();
+  identity.offset = -1;  // a record the broker refused after the row left memory
+  DeadLetterBuilder dlq("dlq", 800);
+  std::string payload(1000, 'p');
+  const KafkaRecord& r =
+      dlq.Build(kReason, identity, "public.outbox", Lsn(1), payload, std::nullopt);
+  EXPECT_THAT(Copy(r), testing::Contains(Pair(
+                           "outbox_dlq_reference",
+                           "public.outbox transaction_id=5000000000 uuid=" + std::string(kUuid))));
+}
+
 TEST(DeadLetter, AHugeReasonIsCutAtACharacterBoundaryToFit) {
   std::string reason;
   while (reason.size() < 5000) reason += "ошибка ";  // two-byte characters
