@@ -22,10 +22,14 @@ int64_t UnixMicrosNow() {
       .count();
 }
 
-// Sleeps up to `d` in small steps so a stop request is noticed quickly.
-void SleepUnlessStopped(milliseconds d, const std::atomic<bool>& stop) {
+// Sleeps up to `d` in small steps so a stop request is noticed quickly; the
+// loop is alive meanwhile (heartbeat).
+void SleepUnlessStopped(milliseconds d, const std::atomic<bool>& stop, RelayStats& stats) {
   auto until = Clock::now() + d;
-  while (!stop.load() && Clock::now() < until) std::this_thread::sleep_for(milliseconds(50));
+  while (!stop.load() && Clock::now() < until) {
+    stats.heartbeat_unix_micros.store(UnixMicrosNow(), std::memory_order_relaxed);
+    std::this_thread::sleep_for(milliseconds(50));
+  }
 }
 
 // Full-jitter exponential backoff.
@@ -41,7 +45,7 @@ constexpr int kExitConfig = 2;
 
 }  // namespace
 
-Relay::Relay(RelayConfig config) : config_(std::move(config)) {}
+Relay::Relay(RelayConfig config) : config_(std::move(config)), metrics_(config_.service) {}
 
 Relay::~Relay() = default;
 
@@ -104,7 +108,9 @@ Status Relay::Prepare() {
     kafka::ProducerOptions opts{config_.kafka_brokers, config_.kafka_property_pairs,
                                 config_.create_topics, static_cast<int>(config_.topic_partitions),
                                 static_cast<int>(config_.topic_replication_factor)};
-    auto producer = kafka::KafkaProducer::Create(opts, on_delivery);
+    auto producer = kafka::KafkaProducer::Create(opts, on_delivery, [this](const Error&) {
+      metrics_.CountError(metrics::ErrorReason::kKafkaUnavailable);
+    });
     if (!producer) return std::unexpected(producer.error());
     if (auto st = (*producer)->CheckConnection(milliseconds(10000)); !st) {
       spdlog::warn("Kafka not reachable yet ({}); records wait in the producer until it is",
@@ -121,13 +127,22 @@ Status Relay::Prepare() {
     mo.acked_column = config_.acked_column;
     mo.slot_name = config_.slot;
     mo.batch_max = static_cast<size_t>(config_.marker_batch);
-    marker_ = std::make_unique<marker::Marker>(mo, tracker_.get());
+    marker_ = std::make_unique<marker::Marker>(mo, tracker_.get(), [this](const Error&) {
+      metrics_.CountError(metrics::ErrorReason::kDbAck);
+    });
     if (auto st = marker_->Start(); !st) return st;
   }
   return Ok();
 }
 
 int Relay::Run(const std::atomic<bool>& stop) {
+  stats_.heartbeat_unix_micros.store(UnixMicrosNow());
+  if (auto st = StartHttp(); !st) {
+    spdlog::error("{}", st.error().message);
+    return kExitConfig;
+  }
+  sampler_ = std::make_unique<Sampler>(config_, &metrics_);
+  sampler_->Start();
   // Setup: retried while the database is not reachable; bad settings stop here.
   for (int attempt = 0;; ++attempt) {
     if (stop.load()) return 0;
@@ -144,7 +159,7 @@ int Relay::Run(const std::atomic<bool>& stop) {
     spdlog::warn("setup: {} (retrying in {} ms)", st.error().message, wait.count());
     marker_.reset();
     sink_.reset();
-    SleepUnlessStopped(wait, stop);
+    SleepUnlessStopped(wait, stop, stats_);
   }
 
   int attempt = 0;
@@ -159,7 +174,7 @@ int Relay::Run(const std::atomic<bool>& stop) {
         }
         milliseconds wait = Backoff(attempt++);
         spdlog::warn("slot setup: {} (retrying in {} ms)", st.error().message, wait.count());
-        SleepUnlessStopped(wait, stop);
+        SleepUnlessStopped(wait, stop, stats_);
         continue;
       }
       need_slot_setup_ = false;
@@ -210,6 +225,7 @@ int Relay::Run(const std::atomic<bool>& stop) {
         spdlog::info("standby: {}; waiting to take over", err.message);
       }
     } else {
+      metrics_.CountError(metrics::ErrorReason::kDbRead);
       spdlog::warn("replication: {}", err.message);
     }
     stats_.reconnects.fetch_add(1);
@@ -221,13 +237,14 @@ int Relay::Run(const std::atomic<bool>& stop) {
       tracker_->WaitForProgress(milliseconds(100));
     }
     milliseconds wait = err.code == ErrorCode::kSlotInUse ? milliseconds(2000) : Backoff(attempt++);
-    SleepUnlessStopped(wait, stop);
+    SleepUnlessStopped(wait, stop, stats_);
   }
 }
 
 Status Relay::StreamSession(pg::ReplicationStream& stream, const std::atomic<bool>& stop) {
   last_status_ = Clock::now() - milliseconds(config_.status_interval_ms);
   while (true) {
+    stats_.heartbeat_unix_micros.store(UnixMicrosNow(), std::memory_order_relaxed);
     if (auto failure = tracker_->failure()) return Fail(ErrorCode::kFatal, "{}", *failure);
     // Stop only between transactions: a half-read transaction would be sent
     // again in full after a restart, and its first rows would be duplicates.
@@ -244,7 +261,6 @@ Status Relay::StreamSession(pg::ReplicationStream& stream, const std::atomic<boo
       if (auto st = stream.Wait(milliseconds(100)); !st) return st;
       continue;
     }
-    stats_.heartbeat_unix_micros.store(UnixMicrosNow(), std::memory_order_relaxed);
     auto server_msg = walproto::DecodeServerMessage(**msg);
     if (!server_msg) return std::unexpected(server_msg.error());
     if (auto* k = std::get_if<walproto::PrimaryKeepalive>(&*server_msg)) {
@@ -356,6 +372,7 @@ Status Relay::MapAndProduce(const outbox::ColumnMap& columns, const pgoutput::Tu
 Status Relay::DeadLetter(const Error& reason, const outbox::RowIdentity& identity,
                          const outbox::ColumnMap& columns, const pgoutput::TupleData& row,
                          tracking::Transaction* tx, pg::ReplicationStream* stream) {
+  metrics_.CountError(metrics::ErrorReason::kMarshal);
   if (config_.on_poison == "halt") {
     return Fail(ErrorCode::kFatal,
                 "poison row in {} (transaction_id={} offset={} uuid='{}', commit {}): {}. The "
@@ -407,6 +424,53 @@ Status Relay::Produce(const outbox::KafkaRecord& record, tracking::Transaction* 
   }
 }
 
+Status Relay::StartHttp() {
+  if (config_.metrics_addr.empty()) return Ok();
+  auto server = metrics::HttpServer::Start(
+      config_.metrics_addr, &metrics_, [this] { return Healthz(); }, [this] { return Readyz(); },
+      [this] { RefreshMetrics(); });
+  if (!server) return std::unexpected(server.error());
+  http_ = std::move(*server);
+  spdlog::info("metrics and health on http://{}/metrics, /healthz, /readyz", config_.metrics_addr);
+  return Ok();
+}
+
+metrics::Health Relay::Healthz() const {
+  double age = static_cast<double>(UnixMicrosNow() - stats_.heartbeat_unix_micros.load()) / 1e6;
+  if (age > 30) return {false, fmt::format("replication loop silent for {:.0f} s", age)};
+  return {true, fmt::format("ok: loop alive ({:.1f} s ago)", age)};
+}
+
+metrics::Health Relay::Readyz() const {
+  if (stats_.standby.load()) return {false, "standby: another instance holds the slot"};
+  if (!stats_.streaming.load()) return {false, "not streaming"};
+  if (sink_ == nullptr || !sink_->Reachable()) return {false, "Kafka not reachable"};
+  return {true, "ok: streaming, Kafka reachable"};
+}
+
+void Relay::RefreshMetrics() {
+  std::lock_guard lock(refresh_mu_);
+  auto delta = [](std::atomic<uint64_t>& now, std::atomic<uint64_t>& seen) {
+    uint64_t v = now.load();
+    uint64_t d = v - seen.load();
+    seen.store(v);
+    return static_cast<double>(d);
+  };
+  metrics_.transactions().Increment(delta(stats_.transactions, counted_.transactions));
+  metrics_.reconnects().Increment(delta(stats_.reconnects, counted_.reconnects));
+  metrics_.slot_lost().Increment(delta(stats_.slot_lost, counted_.slot_lost));
+  metrics_.backfilled().Increment(delta(stats_.backfilled, counted_.backfilled));
+  metrics_.CountDeadLetter(delta(stats_.dead_lettered, counted_.dead_lettered));
+  metrics_.heartbeat().Set(static_cast<double>(stats_.heartbeat_unix_micros.load()) / 1e6);
+  metrics_.standby().Set(stats_.standby.load() ? 1 : 0);
+  metrics_.streaming().Set(stats_.streaming.load() ? 1 : 0);
+  metrics_.last_commit_time().Set(static_cast<double>(stats_.last_commit_unix_micros.load()) / 1e6);
+  if (tracker_) {
+    metrics_.in_flight().Set(static_cast<double>(tracker_->rows_in_flight()));
+    metrics_.slot_confirmed_lsn().Set(static_cast<double>(tracker_->confirmed().value()));
+  }
+}
+
 bool Relay::Backpressured() const {
   return tracker_->rows_in_flight() >= config_.max_in_flight ||
          tracker_->awaiting_mark() >= static_cast<size_t>(config_.marker_batch) * 4;
@@ -433,10 +497,19 @@ Status Relay::SendStatus(pg::ReplicationStream& stream, bool force) {
 
 void Relay::OnDelivery(const kafka::Delivery& d) {
   auto* tx = static_cast<tracking::Transaction*>(d.opaque);
+  metrics_.ObservePublish(d.topic, d.event_type, static_cast<double>(d.latency.count()) / 1e6,
+                          !d.error);
   if (!d.error) {
+    if (tx->commit_time.micros != 0) {
+      metrics_.ObserveCommitToAck(
+          static_cast<double>(UnixMicrosNow() - tx->commit_time.ToUnixMicros()) / 1e6);
+    }
     stats_.delivered.fetch_add(1, std::memory_order_relaxed);
     tracker_->OnDelivered(tx);
     return;
+  }
+  if (d.error->code != ErrorCode::kPoison) {
+    metrics_.CountError(metrics::ErrorReason::kKafkaUnavailable);
   }
   if (d.error->code == ErrorCode::kPoison && config_.on_poison == "dlq" &&
       d.topic != config_.dlq_topic) {
@@ -523,6 +596,7 @@ int Relay::Shutdown(pg::ReplicationStream* stream, bool failed) {
     (void)stream->Finish(std::min(remaining(), milliseconds(2000)) + milliseconds(100));
   }
   sink_.reset();  // joins the delivery thread
+  if (sampler_) sampler_->Stop();
   auto failure = tracker_->failure();
   if (failed || failure) {
     if (failure) spdlog::error("stopped after a delivery failure: {}", *failure);

@@ -68,7 +68,8 @@ Result<std::map<std::string, std::string>> ProducerConfig(const ProducerOptions&
 }
 
 Result<std::unique_ptr<KafkaProducer>> KafkaProducer::Create(const ProducerOptions& options,
-                                                             DeliveryCallback on_delivery) {
+                                                             DeliveryCallback on_delivery,
+                                                             SinkErrorCallback on_error) {
   auto settings = ProducerConfig(options);
   if (!settings) return std::unexpected(settings.error());
   rd_kafka_conf_t* conf = rd_kafka_conf_new();
@@ -84,6 +85,7 @@ Result<std::unique_ptr<KafkaProducer>> KafkaProducer::Create(const ProducerOptio
   std::unique_ptr<KafkaProducer> p(new KafkaProducer());
   p->on_delivery_ = std::move(on_delivery);
   p->options_ = options;
+  p->on_error_ = std::move(on_error);
   rd_kafka_conf_set_opaque(conf, p.get());
   rd_kafka_conf_set_dr_msg_cb(conf, &KafkaProducer::OnDeliveryReport);
   rd_kafka_conf_set_error_cb(conf, &KafkaProducer::OnError);
@@ -238,7 +240,20 @@ void KafkaProducer::OnDeliveryReport(rd_kafka_t* rk, const rd_kafka_message_t* m
   d.value.reset();
   d.headers.clear();
   d.size_bytes = msg->len + msg->key_len;
-  if (msg->err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+  d.event_type = {};
+  rd_kafka_headers_t* all = nullptr;
+  if (rd_kafka_message_headers(msg, &all) == RD_KAFKA_RESP_ERR_NO_ERROR) {
+    const void* value = nullptr;
+    size_t size = 0;
+    if (rd_kafka_header_get_last(all, "Event-Type", &value, &size) ==
+            RD_KAFKA_RESP_ERR_NO_ERROR &&
+        value != nullptr) {
+      d.event_type = std::string_view(static_cast<const char*>(value), size);
+    }
+  }
+  if (msg->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+    self->brokers_down_.store(false, std::memory_order_relaxed);
+  } else {
     // Content only matters when the record has to be dead-lettered.
     if (msg->key) d.key = std::string_view(static_cast<const char*>(msg->key), msg->key_len);
     if (msg->payload) {
@@ -276,6 +291,11 @@ void KafkaProducer::OnError(rd_kafka_t* rk, int err, const char* reason, void* o
   auto* self = static_cast<KafkaProducer*>(opaque);
   auto code = static_cast<rd_kafka_resp_err_t>(err);
   if (code == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN) self->brokers_down_.store(true);
+  if (self->on_error_) {
+    self->on_error_(Error{code == RD_KAFKA_RESP_ERR__FATAL ? ErrorCode::kFatal
+                                                           : ErrorCode::kTransient,
+                          fmt::format("{}: {}", rd_kafka_err2name(code), reason)});
+  }
   if (code == RD_KAFKA_RESP_ERR__FATAL) {
     std::array<char, 512> buf{};
     rd_kafka_resp_err_t fatal = rd_kafka_fatal_error(rk, buf.data(), buf.size());
@@ -286,10 +306,10 @@ void KafkaProducer::OnError(rd_kafka_t* rk, int err, const char* reason, void* o
 }
 
 void KafkaProducer::OnLog(const rd_kafka_t*, int level, const char* fac, const char* buf) {
-  if (level <= 3) {
+  // Connection failures also arrive through the error callback (logged as
+  // warnings there); the log stream is for debugging.
+  if (level <= 2) {
     spdlog::error("kafka {}: {}", fac, buf);
-  } else if (level <= 4) {
-    spdlog::warn("kafka {}: {}", fac, buf);
   } else {
     spdlog::debug("kafka {}: {}", fac, buf);
   }

@@ -18,10 +18,13 @@
 #include <optional>
 
 #include "outbox_relay/app/config.h"
+#include "outbox_relay/app/sampler.h"
 #include "outbox_relay/app/stats.h"
 #include "outbox_relay/core/result.h"
 #include "outbox_relay/kafka/sink.h"
 #include "outbox_relay/marker/marker.h"
+#include "outbox_relay/metrics/http_server.h"
+#include "outbox_relay/metrics/metrics.h"
 #include "outbox_relay/outbox/dead_letter.h"
 #include "outbox_relay/outbox/record.h"
 #include "outbox_relay/pg/replication.h"
@@ -64,10 +67,19 @@ class Relay {
   void OnDelivery(const kafka::Delivery& delivery);
   int Shutdown(pg::ReplicationStream* stream, bool failed);
   bool Backpressured() const;
+  Status StartHttp();
+  void RefreshMetrics();
+  metrics::Health Healthz() const;
+  metrics::Health Readyz() const;
   void LogProgress();
 
   RelayConfig config_;
   RelayStats stats_;
+  metrics::Metrics metrics_;
+  std::unique_ptr<metrics::HttpServer> http_;
+  std::unique_ptr<Sampler> sampler_;
+  std::mutex refresh_mu_;
+  RelayStats counted_;  // what RefreshMetrics already added to the counters
   std::unique_ptr<tracking::AckTracker> tracker_;
   std::unique_ptr<kafka::Sink> sink_;
   std::unique_ptr<marker::Marker> marker_;

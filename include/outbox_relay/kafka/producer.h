@@ -52,7 +52,8 @@ class KafkaProducer final : public Sink {
  public:
   // Starts the delivery-report thread, which calls `on_delivery`.
   static Result<std::unique_ptr<KafkaProducer>> Create(const ProducerOptions& options,
-                                                       DeliveryCallback on_delivery);
+                                                       DeliveryCallback on_delivery,
+                                                       SinkErrorCallback on_error = {});
   ~KafkaProducer() override;
 
   Result<Accepted> Produce(const outbox::KafkaRecord& record, void* opaque) override;
@@ -74,6 +75,7 @@ class KafkaProducer final : public Sink {
 
   KafkaHandle rk_;
   DeliveryCallback on_delivery_;
+  SinkErrorCallback on_error_;
   ProducerOptions options_;
   std::mutex topics_mu_;
   std::unordered_map<std::string, TopicHandle> topics_;

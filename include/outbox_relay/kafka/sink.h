@@ -32,6 +32,7 @@ struct Delivery {
   void* opaque = nullptr;
   std::optional<Error> error;  // kPoison: this record can never be delivered; kFatal: stop
   std::string_view topic;
+  std::string_view event_type;  // the record's Event-Type header, "" when absent
   int32_t partition = -1;
   int64_t offset = -1;
   std::optional<std::string_view> key;
@@ -43,6 +44,8 @@ struct Delivery {
 };
 
 using DeliveryCallback = std::function<void(const Delivery&)>;
+// Errors of the sink itself, not of one record (e.g. all brokers down).
+using SinkErrorCallback = std::function<void(const Error&)>;
 
 class Sink {
  public:

@@ -1,0 +1,99 @@
+#include "outbox_relay/app/sampler.h"
+
+#include <spdlog/spdlog.h>
+
+#include <optional>
+
+#include "outbox_relay/pg/connection.h"
+#include "outbox_relay/pg/replication.h"
+
+namespace outbox_relay::app {
+
+Sampler::Sampler(const RelayConfig& config, metrics::Metrics* metrics)
+    : config_(config), metrics_(metrics) {}
+
+Sampler::~Sampler() { Stop(); }
+
+void Sampler::Start() { thread_ = std::thread([this] { Loop(); }); }
+
+void Sampler::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Sampler::Loop() {
+  using Clock = std::chrono::steady_clock;
+  const std::string table = config_.table_name.Quoted();
+  const std::string acked = pg::QuoteIdent(config_.acked_column);
+  const std::string counts_sql = fmt::format(
+      "SELECT count(*) FILTER (WHERE {a} IS NOT NULL), count(*) FILTER (WHERE {a} IS NULL) "
+      "FROM {t}",
+      fmt::arg("a", acked), fmt::arg("t", table));
+  const std::string lag_sql = fmt::format(
+      "SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)), 0) FROM {t} WHERE {a} IS NULL",
+      fmt::arg("a", acked), fmt::arg("t", table));
+  std::optional<pg::Connection> conn;
+  auto next_counts = Clock::now();
+  auto next_lag = Clock::now();
+  while (true) {
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait_until(lock, std::min(next_counts, next_lag), [&] { return stop_; });
+      if (stop_) return;
+    }
+    if (!conn) {
+      auto c = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kNormal,
+                                    "outbox-relay-metrics");
+      if (!c) {
+        metrics_->CountError(metrics::ErrorReason::kDbRead);
+        spdlog::debug("metrics sampler: {}", c.error().message);
+        next_lag = Clock::now() + std::chrono::seconds(10);
+        next_counts = std::max(next_counts, next_lag);
+        continue;
+      }
+      conn.emplace(std::move(*c));
+    }
+    auto now = Clock::now();
+    bool failed = false;
+    bool counts_due = now >= next_counts;
+    if (counts_due) next_counts = now + std::chrono::seconds(config_.row_count_interval_s);
+    if (config_.mark && counts_due) {
+      if (auto res = conn->Exec(counts_sql)) {
+        double acked_rows = std::stod(std::string(*pg::GetValue(res->get(), 0, 0)));
+        double unacked_rows = std::stod(std::string(*pg::GetValue(res->get(), 0, 1)));
+        metrics_->rows_acked().Set(acked_rows);
+        metrics_->rows_pending().Set(unacked_rows);
+        metrics_->rows_unacked().Set(unacked_rows);
+      } else {
+        failed = true;
+        spdlog::warn("metrics sampler: {}", res.error().message);
+      }
+    }
+    if (now >= next_lag) {
+      next_lag = now + std::chrono::seconds(10);
+      if (config_.mark) {
+        if (auto res = conn->Exec(lag_sql)) {
+          metrics_->lag_seconds().Set(std::stod(std::string(*pg::GetValue(res->get(), 0, 0))));
+        } else {
+          failed = true;
+        }
+      }
+      if (auto slot = pg::QuerySlot(*conn, config_.slot)) {
+        metrics_->slot_retained_bytes().Set(static_cast<double>(slot->retained_bytes.value_or(0)));
+        metrics_->slot_active().Set(slot->active ? 1 : 0);
+      } else {
+        failed = true;
+      }
+    }
+    if (failed) {
+      metrics_->CountError(metrics::ErrorReason::kDbRead);
+      conn.reset();
+    }
+  }
+}
+
+}  // namespace outbox_relay::app
