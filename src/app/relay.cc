@@ -179,6 +179,13 @@ int Relay::Run(const std::atomic<bool>& stop) {
       }
       need_slot_setup_ = false;
     }
+    // Start from what the slot itself says if that is further than what we
+    // confirmed (another instance may have held it meanwhile).
+    if (auto admin = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kNormal)) {
+      if (auto slot = pg::QuerySlot(*admin, config_.slot); slot && slot->exists) {
+        tracker_->RaiseConfirmed(slot->confirmed_flush_lsn);
+      }
+    }
     auto conn = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kReplication);
     Result<pg::ReplicationStream> stream =
         conn ? pg::ReplicationStream::Start(std::move(*conn), config_.slot, config_.publication,

@@ -111,6 +111,13 @@ bool AckTracker::ResetConfirmed(Lsn position) {
   return true;
 }
 
+void AckTracker::RaiseConfirmed(Lsn position) {
+  std::lock_guard lock(mu_);
+  if (position.value() > confirmed_.load(std::memory_order_relaxed)) {
+    confirmed_.store(position.value(), std::memory_order_release);
+  }
+}
+
 bool AckTracker::FollowServer(Lsn wal_end) {
   std::lock_guard lock(mu_);
   if (!in_flight_.empty() || failure_) return false;

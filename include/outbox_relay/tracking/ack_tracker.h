@@ -79,6 +79,10 @@ class AckTracker {
 
   // A new slot starts at a new position. Only while nothing is in flight.
   bool ResetConfirmed(Lsn position);
+  // The slot itself is confirmed up to `position` (e.g. by an instance that
+  // held it while we were away): never report less, since PostgreSQL 15
+  // would move confirmed_flush_lsn back to whatever we send.
+  void RaiseConfirmed(Lsn position);
   AckTracker(const AckTracker&) = delete;
   AckTracker& operator=(const AckTracker&) = delete;
 

@@ -167,6 +167,62 @@ TEST(AckTracker, DistinctTransactionIdsAreRecordedForMarking) {
   t.Commit(tx, Lsn(100));
 }
 
+TEST(AckTracker, RaiseConfirmedNeverLowersAndLaterCommitsStillCount) {
+  AckTracker t(Lsn(100));
+  t.RaiseConfirmed(Lsn(50));
+  EXPECT_EQ(t.confirmed(), Lsn(100));
+  Transaction* a = AddTx(t, 300, 1);
+  t.RaiseConfirmed(Lsn(200));  // the slot moved on while we had `a` in flight
+  EXPECT_EQ(t.confirmed(), Lsn(200));
+  t.OnDelivered(a);
+  MarkAll(t);
+  EXPECT_EQ(t.confirmed(), Lsn(300));
+}
+
+TEST(AckTracker, ResetConfirmedOnlyWhenNothingIsInFlight) {
+  AckTracker t(Lsn(100));
+  EXPECT_TRUE(t.ResetConfirmed(Lsn(50))) << "a new slot may start anywhere";
+  EXPECT_EQ(t.confirmed(), Lsn(50));
+  Transaction* a = AddTx(t, 300, 1);
+  EXPECT_FALSE(t.ResetConfirmed(Lsn(1000)));
+  t.OnDelivered(a);
+  MarkAll(t);
+}
+
+TEST(AckTracker, UnsafeConfirmNewestFaultBreaksThePrefixRule) {
+  // The test-only fault the crash tests use to prove they can see loss.
+  AckTracker t(Lsn(1));
+  t.EnableUnsafeConfirmNewest();
+  AddTx(t, 100, 1);
+  Transaction* b = AddTx(t, 200, 1);
+  t.OnDelivered(b);
+  EXPECT_EQ(t.confirmed(), Lsn(200)) << "confirmed past the unacked transaction ending at 100";
+}
+
+TEST(AckTracker, DeadLetterFromTheDeliveryThreadKeepsTheTransactionOpen) {
+  AckTracker t(Lsn(1));
+  Transaction* a = AddTx(t, 100, 1);
+  t.AddDeadLetter(a);  // the refused record is replaced by its dead letter
+  t.OnDelivered(a);    // the refused original settles
+  MarkAll(t);
+  EXPECT_EQ(t.confirmed(), Lsn(1)) << "dead letter not acknowledged yet";
+  t.OnDelivered(a);  // the dead letter
+  MarkAll(t);
+  EXPECT_EQ(t.confirmed(), Lsn(100));
+}
+
+TEST(AckTracker, CancelledMessageDoesNotHoldTheTransaction) {
+  AckTracker t(Lsn(1));
+  Transaction* tx = t.Begin(Lsn(99), PgTimestamp{}, 7);
+  t.AddMessage(tx);
+  t.CancelMessage(tx);  // the sink refused it synchronously
+  EXPECT_EQ(tx->rows, 0u);
+  EXPECT_EQ(t.rows_in_flight(), 0);
+  t.Commit(tx, Lsn(100));
+  MarkAll(t);
+  EXPECT_EQ(t.confirmed(), Lsn(100));
+}
+
 TEST(AckTracker, CountsRowsInFlight) {
   AckTracker t(Lsn(1));
   Transaction* a = AddTx(t, 100, 3);
