@@ -288,10 +288,14 @@ Status Relay::StreamSession(pg::ReplicationStream& stream, const std::atomic<boo
 }
 
 Status Relay::HandleXLogData(std::string_view data, pg::ReplicationStream& stream) {
-  if (auto st = pgoutput::Decode(data, &message_); !st) {
+  // Inserts decode into their own message so its tuple storage survives the
+  // Begin/Commit around it: no allocation per row.
+  bool is_insert = !data.empty() && data[0] == 'I';
+  pgoutput::DecodedMessage& msg = is_insert ? insert_message_ : message_;
+  if (auto st = pgoutput::Decode(data, &msg); !st) {
     return Fail(ErrorCode::kProtocol, "pgoutput: {}", st.error().message);
   }
-  if (auto* ins = std::get_if<pgoutput::Insert>(&message_)) return HandleInsert(*ins, stream);
+  if (is_insert) return HandleInsert(std::get<pgoutput::Insert>(msg), stream);
   if (auto* b = std::get_if<pgoutput::Begin>(&message_)) {
     if (open_tx_ != nullptr) {
       return Fail(ErrorCode::kProtocol, "pgoutput: Begin of xid {} inside xid {}", b->xid,

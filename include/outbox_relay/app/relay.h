@@ -91,6 +91,7 @@ class Relay {
   // Replication-loop state.
   pgoutput::RelationCache relations_;
   pgoutput::DecodedMessage message_;
+  pgoutput::DecodedMessage insert_message_;
   pgoutput::Oid outbox_relid_ = 0;
   std::optional<outbox::ColumnMap> columns_;
   tracking::Transaction* open_tx_ = nullptr;

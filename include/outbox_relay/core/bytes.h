@@ -4,6 +4,7 @@
 // field and the byte offset instead. ByteWriter appends to a std::string.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -60,19 +61,21 @@ class ByteReader {
   }
 
  private:
-  std::unexpected<Error> Short(std::string_view field, size_t need) const {
+  [[gnu::cold, gnu::noinline]] std::unexpected<Error> Short(std::string_view field,
+                                                             size_t need) const {
     return Fail(ErrorCode::kProtocol, "{} at byte {}: need {} bytes, {} left", field, pos_, need,
                 remaining());
   }
 
   template <typename U>
   Result<U> ReadBE(std::string_view field) {
-    if (remaining() < sizeof(U)) return Short(field, sizeof(U));
-    U v = 0;
-    for (size_t i = 0; i < sizeof(U); ++i) {
-      v = static_cast<U>((v << 8) | static_cast<uint8_t>(data_[pos_ + i]));
-    }
+    if (remaining() < sizeof(U)) [[unlikely]] return Short(field, sizeof(U));
+    U v;
+    std::memcpy(&v, data_.data() + pos_, sizeof(U));
     pos_ += sizeof(U);
+    if constexpr (std::endian::native == std::endian::little && sizeof(U) > 1) {
+      v = std::byteswap(v);
+    }
     return v;
   }
 

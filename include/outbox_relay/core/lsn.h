@@ -34,8 +34,12 @@ inline constexpr Lsn kInvalidLsn{};
 
 template <>
 struct fmt::formatter<outbox_relay::Lsn> : fmt::formatter<std::string_view> {
+  // Formats "X/Y" first so width and alignment apply to the whole text.
   auto format(outbox_relay::Lsn lsn, fmt::format_context& ctx) const {
-    return fmt::format_to(ctx.out(), "{:X}/{:X}", static_cast<uint32_t>(lsn.value() >> 32),
-                          static_cast<uint32_t>(lsn.value()));
+    char buf[24];
+    auto end = fmt::format_to(buf, "{:X}/{:X}", static_cast<uint32_t>(lsn.value() >> 32),
+                              static_cast<uint32_t>(lsn.value()));
+    return fmt::formatter<std::string_view>::format(
+        std::string_view(buf, static_cast<size_t>(end - buf)), ctx);
   }
 };
