@@ -1,0 +1,98 @@
+// A bad setting stops the relay at start with exit code 2 and a log line that
+// names the setting (flag or environment variable), so an operator can fix it.
+#include <fmt/format.h>
+
+#include "fixture.h"
+
+namespace outbox_test {
+namespace {
+
+using std::chrono::seconds;
+
+struct BadCase {
+  std::string what;
+  std::vector<std::string> args;
+  std::map<std::string, std::optional<std::string>> env;
+  std::string must_name;         // the log must contain this
+  std::optional<int> want_code;  // nullopt: any non-zero code
+};
+
+class Config : public RelayTest {
+ protected:
+  // Starts the relay once per case; each must exit (code) and name the setting.
+  void RunCases(const std::vector<BadCase>& cases);
+};
+
+TEST_F(Config, BadSettingFailsAtStartNamingIt) {
+  CreateTables();
+  std::vector<BadCase> cases = {
+      {"--max-in-flight 0", {"--max-in-flight", "0"}, {}, "--max-in-flight", 2},
+      {"DATABASE_URL unset", {}, {{"DATABASE_URL", std::nullopt}}, "DATABASE_URL", 2},
+      {"KAFKA_BROKERS unset", {}, {{"KAFKA_BROKERS", std::nullopt}}, "KAFKA_BROKERS", 2},
+      {"--kafka-property acks=1", {"--kafka-property", "acks=1"}, {}, "acks", std::nullopt},
+      {"--kafka-property enable.idempotence=false",
+       {"--kafka-property", "enable.idempotence=false"},
+       {},
+       "enable.idempotence",
+       std::nullopt},
+      {"--table that does not exist",
+       {"--table", "public." + name_ + "_missing"},
+       {},
+       "--table",
+       2},
+      {"--slot with upper-case letters", {"--slot", "Bad-Slot"}, {}, "--slot", 2},
+      {"--status-interval-ms 0", {"--status-interval-ms", "0"}, {}, "--status-interval-ms", 2},
+  };
+  RunCases(cases);
+}
+
+// Values the command-line parser itself refuses (not in the allowed set, not a
+// number, an unknown flag) are bad configuration too: exit 2, like the rest.
+TEST_F(Config, UnparsableValueExitsTwoNamingIt) {
+  RunCases({
+      {"--on-poison skip (not dlq|halt)", {"--on-poison", "skip"}, {}, "--on-poison", 2},
+      {"--log-format xml (not text|json)", {"--log-format", "xml"}, {}, "--log-format", 2},
+      {"--max-in-flight abc (not a number)", {"--max-in-flight", "abc"}, {}, "--max-in-flight", 2},
+      {"--no-such-flag", {"--no-such-flag", "1"}, {}, "--no-such-flag", 2},
+  });
+}
+
+void Config::RunCases(const std::vector<BadCase>& cases) {
+  for (const BadCase& c : cases) {
+    SCOPED_TRACE(c.what);
+    RelayProcess relay(RelayArgs(c.args), c.env);
+    relay.Start();
+    auto code = relay.Wait(seconds(30));
+    ASSERT_TRUE(code.has_value()) << "still running 30 s after start:\n" << relay.LogTail();
+    std::string log = relay.Log();
+    fmt::print("config: {:<45} -> exit {}\n", c.what, *code);
+    if (c.want_code) {
+      EXPECT_EQ(*code, *c.want_code) << relay.LogTail(10);
+    } else {
+      EXPECT_NE(*code, 0) << relay.LogTail(10);
+    }
+    EXPECT_NE(log.find(c.must_name), std::string::npos)
+        << "the log does not name " << c.must_name << ":\n"
+        << relay.LogTail(10);
+  }
+}
+
+// A setting refused at start must not leave a new replication slot behind:
+// nothing reads it, so it would pin WAL until someone drops it by hand.
+TEST_F(Config, KafkaSettingErrorLeavesNoSlotBehind) {
+  CreateTables();
+  RelayProcess relay(RelayArgs({"--kafka-property", "acks=1"}));
+  relay.Start();
+  auto code = relay.Wait(seconds(30));
+  ASSERT_TRUE(code.has_value()) << relay.LogTail();
+  EXPECT_NE(*code, 0);
+  auto slot = QuerySlot(*db_, name_);
+  fmt::print("config: acks=1 -> exit {}, slot {} {}\n", *code, name_,
+             slot ? "was created and left behind" : "was not created");
+  EXPECT_FALSE(slot.has_value()) << "the relay created slot " << name_
+                                 << " before refusing its Kafka settings:\n"
+                                 << relay.LogTail(10);
+}
+
+}  // namespace
+}  // namespace outbox_test

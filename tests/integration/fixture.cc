@@ -1,0 +1,171 @@
+#include "fixture.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <thread>
+
+namespace outbox_test {
+
+double SecondsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+void RelayTest::SetUp() {
+  started_ = std::chrono::steady_clock::now();
+  ASSERT_NO_FATAL_FAILURE(LoadEnv(&env_));
+  const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string test;
+  for (char c : std::string(info->test_suite_name()).substr(0, 8) + "_" + info->name()) {
+    if (std::isalnum(static_cast<unsigned char>(c)) || c == '_') {
+      test += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    }
+  }
+  name_ = UniqueName("it_" + test.substr(0, 30));
+  other_table_ = name_ + "_side";
+  topic_prefix_ = name_;
+  db_ = std::make_unique<Pg>(env_.database_url);
+  kafka_ = std::make_unique<KafkaReader>(env_.kafka_brokers);
+  // A leftover of an earlier run with the same pid (unlikely) would skew the figures.
+  DropRelayObjects(env_.database_url, name_, name_, {name_, other_table_}, 2000);
+}
+
+void RelayTest::TearDown() {
+  for (auto& r : relays_) {
+    if (r->Running()) {
+      r->Kill(SIGKILL);
+      r->Wait(std::chrono::seconds(10));
+    }
+  }
+  if (std::getenv("OUTBOX_IT_KEEP") != nullptr) {
+    std::fprintf(stderr,
+                 "[cleanup] OUTBOX_IT_KEEP is set: keeping table, slot, publication %s and "
+                 "topics %s.*\n",
+                 name_.c_str(), topic_prefix_.c_str());
+    relays_.clear();
+    return;
+  }
+  if (!env_.database_url.empty()) {
+    DropRelayObjects(env_.database_url, name_, name_, {name_, other_table_});
+  }
+  if (kafka_ && !topic_prefix_.empty()) {
+    try {
+      kafka_->DeleteTopics(kafka_->TopicsWithPrefix(topic_prefix_ + "."));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "[cleanup] kafka topics: %s\n", e.what());
+    }
+  }
+  // Relays print their log tail (on failure) when destroyed.
+  relays_.clear();
+}
+
+void RelayTest::CreateTables() {
+  db_->Exec(OutboxTableDdl(name_));
+  db_->Exec(fmt::format("CREATE TABLE {} (id BIGSERIAL PRIMARY KEY, note TEXT)",
+                        QuoteIdent(other_table_)));
+}
+
+namespace {
+
+std::vector<std::string> BaseArgs(const std::string& name, const std::string& prefix) {
+  return {"run",
+          "--table",
+          "public." + name,
+          "--slot",
+          name,
+          "--publication",
+          name,
+          "--topic-template",
+          prefix + ".{Source-Service}.{Event-Type:aggregate}",
+          "--service",
+          "it",
+          "--metrics-addr",
+          "",
+          "--dlq-topic",
+          prefix + ".dlq"};
+}
+
+}  // namespace
+
+std::vector<std::string> RelayTest::RelayArgs(const std::vector<std::string>& extra) const {
+  std::vector<std::string> args = BaseArgs(name_, topic_prefix_);
+  // "--flag value" pairs of `extra` replace the fixture's value of that flag
+  // (CLI11 refuses a single-value flag given twice); the rest is appended.
+  for (size_t i = 0; i < extra.size(); ++i) {
+    auto it = std::find(args.begin() + 1, args.end(), extra[i]);
+    if (extra[i].starts_with("--") && i + 1 < extra.size() && it != args.end() &&
+        it + 1 != args.end()) {
+      *(it + 1) = extra[++i];
+    } else {
+      args.push_back(extra[i]);
+    }
+  }
+  return args;
+}
+
+RelayProcess& RelayTest::StartRelay(const std::vector<std::string>& extra,
+                                    std::map<std::string, std::optional<std::string>> env) {
+  relays_.push_back(std::make_unique<RelayProcess>(RelayArgs(extra), std::move(env)));
+  relays_.back()->Start();
+  return *relays_.back();
+}
+
+bool RelayTest::WaitStreaming(RelayProcess& relay, std::chrono::milliseconds timeout) {
+  return relay.WaitForLog("streaming from slot", timeout);
+}
+
+WorkloadOptions RelayTest::Workload() const {
+  WorkloadOptions o;
+  o.database_url = env_.database_url;
+  o.table = name_;
+  o.other_table = other_table_;
+  o.topic_prefix = topic_prefix_;
+  return o;
+}
+
+int64_t RelayTest::UnackedRows() {
+  return db_->Int(
+      fmt::format("SELECT count(*) FROM {} WHERE offset_acked IS NULL", QuoteIdent(name_)));
+}
+
+int64_t RelayTest::MisackedRows() {
+  return db_->Int(fmt::format(
+      "SELECT count(*) FROM {} WHERE offset_acked IS NOT NULL AND offset_acked <> offset_consumed",
+      QuoteIdent(name_)));
+}
+
+int64_t RelayTest::WaitAllAcked(std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    int64_t n = UnackedRows();
+    if (n == 0 || std::chrono::steady_clock::now() >= deadline) return n;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
+uint64_t RelayTest::WaitConfirmedAtLeast(uint64_t lsn, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    auto slot = QuerySlot(*db_, name_);
+    uint64_t confirmed = slot && slot->confirmed_flush_lsn ? *slot->confirmed_flush_lsn : 0;
+    if (confirmed >= lsn || std::chrono::steady_clock::now() >= deadline) return confirmed;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+std::vector<KafkaRecord> RelayTest::ReadTopics(const ReadOptions& options) {
+  return kafka_->Read({}, topic_prefix_ + ".", options);
+}
+
+std::map<std::string, int> RelayTest::PartitionCounts(const std::vector<KafkaRecord>& records) {
+  std::map<std::string, int> out;
+  for (const KafkaRecord& r : records) {
+    if (out.contains(r.topic)) continue;
+    if (auto n = kafka_->PartitionCount(r.topic)) out[r.topic] = *n;
+  }
+  return out;
+}
+
+}  // namespace outbox_test

@@ -1,0 +1,70 @@
+// The common fixture of the integration tests: per-test unique names (outbox
+// table, unpublished side table, slot, publication, topic prefix), the relay's
+// command line for them, and cleanup of everything the test created.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "support/delivery.h"
+#include "support/env.h"
+#include "support/kafka.h"
+#include "support/pg.h"
+#include "support/relay_process.h"
+#include "support/workload.h"
+
+namespace outbox_test {
+
+class RelayTest : public ::testing::Test {
+ protected:
+  void SetUp() override;
+  void TearDown() override;
+
+  // Creates the outbox table (seed schema) and the side table.
+  void CreateTables();
+
+  // `outbox-relay run` for this test's table, slot, publication and topics, plus `extra`
+  // (a "--flag value" pair in `extra` replaces the fixture's value of that flag).
+  std::vector<std::string> RelayArgs(const std::vector<std::string>& extra = {}) const;
+  // Starts a relay (owned by the fixture, killed at TearDown at the latest).
+  RelayProcess& StartRelay(const std::vector<std::string>& extra = {},
+                           std::map<std::string, std::optional<std::string>> env = {});
+  // Waits until the relay logs that it streams (false: it did not within `timeout`).
+  static bool WaitStreaming(RelayProcess& relay,
+                            std::chrono::milliseconds timeout = std::chrono::seconds(30));
+
+  WorkloadOptions Workload() const;
+
+  // Polls until no row of the outbox table is unacked; returns the unacked count left.
+  int64_t WaitAllAcked(std::chrono::milliseconds timeout);
+  // Rows whose offset_acked is NULL, and rows whose offset_acked differs from offset_consumed.
+  int64_t UnackedRows();
+  int64_t MisackedRows();
+
+  // Polls the slot until confirmed_flush_lsn >= `lsn`; returns the last value seen.
+  uint64_t WaitConfirmedAtLeast(uint64_t lsn, std::chrono::milliseconds timeout);
+
+  // Every record in this test's topics, from the beginning, once the topics are stable.
+  std::vector<KafkaRecord> ReadTopics(const ReadOptions& options = {});
+  std::map<std::string, int> PartitionCounts(const std::vector<KafkaRecord>& records);
+
+  Env env_;
+  std::string name_;  // it_<test>_<pid>: table, slot and publication
+  std::string other_table_;
+  std::string topic_prefix_;
+  std::unique_ptr<Pg> db_;
+  std::unique_ptr<KafkaReader> kafka_;
+  std::vector<std::unique_ptr<RelayProcess>> relays_;
+  std::chrono::steady_clock::time_point started_;
+};
+
+// Seconds since `t`, for the printed figures.
+double SecondsSince(std::chrono::steady_clock::time_point t);
+
+}  // namespace outbox_test

@@ -1,0 +1,31 @@
+// Connection settings of the services the integration tests run against.
+//
+// The tests need a real PostgreSQL (wal_level=logical) and a real Kafka broker,
+// started by `scripts/services up`. A test without them FAILS (never skips):
+// a green run must mean the behaviour was checked.
+#pragma once
+
+#include <string>
+
+namespace outbox_test {
+
+struct Env {
+  std::string database_url;   // DATABASE_URL
+  std::string kafka_brokers;  // KAFKA_BROKERS
+};
+
+// Reads DATABASE_URL and KAFKA_BROKERS and checks both services answer.
+// On a missing variable or an unreachable service: a fatal gtest failure
+// (use as ASSERT_NO_FATAL_FAILURE(LoadEnv(&env))) naming `scripts/services up`.
+void LoadEnv(Env* env);
+
+// Directory for per-test relay logs (under the build directory).
+std::string LogDir();
+
+// "<prefix>_<pid>": names that do not collide across test reruns.
+std::string UniqueName(const std::string& prefix);
+
+// The name of the running test, "Suite.Name" ("" outside a test).
+std::string CurrentTestName();
+
+}  // namespace outbox_test
