@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <unistd.h>
 
+#include "outbox_relay/app/commands.h"
 #include "outbox_relay/app/config.h"
 #include "outbox_relay/app/logging.h"
 #include "outbox_relay/app/relay.h"
@@ -46,6 +47,10 @@ int main(int argc, char** argv) {
   CLI::App* run = app.add_subcommand("run", "Stream outbox INSERTs to Kafka until SIGTERM");
   outbox_relay::app::AddRunFlags(*run, config);
   outbox_relay::app::AddLogFlags(*run, config.log);
+
+  // cleanup, replay, slot, check: each runs in its callback and ends a failure
+  // with CLI::RuntimeError(exit code), which app.exit() below returns.
+  outbox_relay::app::AddOpsCommands(app);
 
   app.add_subcommand("version", "Print the version")->callback([] {
     std::printf("outbox-relay %s\n", OUTBOX_RELAY_VERSION);

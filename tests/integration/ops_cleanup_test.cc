@@ -2,9 +2,9 @@
 // `outbox-cleanup` argument): it deletes exactly the acked rows older than
 // the retention, in batches, never an unacked row, prunes the commit index
 // the same way, and refuses a retention below 3 days.
-#include <set>
-
 #include <fmt/format.h>
+
+#include <set>
 
 #include "fixture.h"
 #include "ops_support.h"
@@ -76,8 +76,8 @@ TEST_F(OpsCleanup, DeletesExactlyTheAckedRowsPastRetentionInBatches) {
   Seed("young-acked", 6, "1 day", "true");
   Seed("young-unacked", 4, "1 hour", "false");
   const std::set<std::string> all = Uuids();
-  const std::set<std::string> victims = Uuids(
-      "offset_acked IS NOT NULL AND (uuid LIKE 'old-%' OR uuid LIKE 'edge-old-%')");
+  const std::set<std::string> victims =
+      Uuids("offset_acked IS NOT NULL AND (uuid LIKE 'old-%' OR uuid LIKE 'edge-old-%')");
   ASSERT_EQ(all.size(), 52u);
   ASSERT_EQ(victims.size(), 30u);  // 23 + 6 + 1
   std::set<std::string> survivors;
@@ -104,15 +104,14 @@ TEST_F(OpsCleanup, DeletesExactlyTheAckedRowsPastRetentionInBatches) {
   EXPECT_NE(dry.out.find(fmt::format("would delete 30 rows from public.{}", name_)),
             std::string::npos)
       << dry.Describe();
-  EXPECT_NE(dry.out.find(fmt::format("would delete {} rows from outbox_relay.commits",
-                                     old_commits)),
-            std::string::npos)
+  EXPECT_NE(
+      dry.out.find(fmt::format("would delete {} rows from outbox_relay.commits", old_commits)),
+      std::string::npos)
       << dry.Describe();
   EXPECT_NE(dry.out.find("kept 11 unacked rows older than the cutoff"), std::string::npos)
       << dry.Describe();
   EXPECT_EQ(Uuids(), all);
-  EXPECT_EQ(db_->Int("SELECT count(*) FROM outbox_relay.commits WHERE slot_name = $1", {name_}),
-            5);
+  EXPECT_EQ(db_->Int("SELECT count(*) FROM outbox_relay.commits WHERE slot_name = $1", {name_}), 5);
 
   // The CronJob: `outbox-cleanup` with the environment only; batches of 7
   // make the loop run 4 full batches and a short one.
@@ -122,10 +121,10 @@ TEST_F(OpsCleanup, DeletesExactlyTheAckedRowsPastRetentionInBatches) {
   EXPECT_EQ(db_->Int(fmt::format("SELECT count(*) FROM {} WHERE offset_acked IS NULL",
                                  QuoteIdent(name_))),
             15);  // every unacked row survives: 5 + 6 + 4
-  EXPECT_NE(run.out.find(fmt::format(
-                "deleted 30 rows from public.{} (acked, created before the cutoff) in 5 batches",
-                name_)),
-            std::string::npos)
+  EXPECT_NE(
+      run.out.find(fmt::format(
+          "deleted 30 rows from public.{} (acked, created before the cutoff) in 5 batches", name_)),
+      std::string::npos)
       << run.Describe();
   // A progress line per batch.
   EXPECT_EQ(CountOccurrences(run.err, fmt::format("cleanup: public.{}: batch ", name_)), 5u)
@@ -136,8 +135,7 @@ TEST_F(OpsCleanup, DeletesExactlyTheAckedRowsPastRetentionInBatches) {
             std::string::npos)
       << run.Describe();
   EXPECT_NE(run.out.find("cleanup: done in"), std::string::npos) << run.Describe();
-  EXPECT_EQ(db_->Int("SELECT count(*) FROM outbox_relay.commits WHERE slot_name = $1", {name_}),
-            2);
+  EXPECT_EQ(db_->Int("SELECT count(*) FROM outbox_relay.commits WHERE slot_name = $1", {name_}), 2);
   EXPECT_EQ(db_->Int("SELECT count(*) FROM outbox_relay.commits WHERE slot_name = $1 AND "
                      "commit_time < now() - interval '7 days'",
                      {name_}),
@@ -146,8 +144,7 @@ TEST_F(OpsCleanup, DeletesExactlyTheAckedRowsPastRetentionInBatches) {
   // Idempotent: a second run finds nothing.
   CommandResult again = RunRelayCommand({"cleanup"}, CronEnv("7", "7"));
   ASSERT_EQ(again.exit_code, 0) << again.Describe();
-  EXPECT_NE(again.out.find(fmt::format("deleted 0 rows from public.{}", name_)),
-            std::string::npos)
+  EXPECT_NE(again.out.find(fmt::format("deleted 0 rows from public.{}", name_)), std::string::npos)
       << again.Describe();
   EXPECT_EQ(Uuids(), survivors);
 }

@@ -1,0 +1,57 @@
+// The operations subcommands of outbox-relay (DESIGN §6, §7): `cleanup`,
+// `replay`, `slot status|drop` and `check`, registered on main's CLI11 app.
+//
+// Exit codes, the same for every command (and for `run`):
+//   0  done (for `check`: no FAIL)
+//   1  a runtime failure (database or Kafka error, a refused action, a FAIL in `check`)
+//   2  a bad setting; the message names the flag and its environment variable
+//
+// Each command runs inside its CLI11 callback. A non-zero exit code leaves
+// the callback as CLI::RuntimeError(code), which main's
+// `catch (const CLI::ParseError&) { return app.exit(e); }` returns silently
+// (CLI11 prints nothing for a RuntimeError), so main stays wiring only.
+// Command results go to stdout; logs (spdlog) to stderr.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "outbox_relay/core/result.h"
+
+namespace CLI {
+class App;
+}
+
+namespace outbox_relay::app {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;
+inline constexpr int kExitConfig = 2;
+
+// Registers cleanup (alias outbox-cleanup, the seed's CronJob argument),
+// replay, slot and check on `app`. The flag values live as long as `app`.
+void AddOpsCommands(CLI::App& app);
+
+// --- shared by the ops commands ---------------------------------------------
+
+// "invalid setting --flag (ENV): why" as kInvalidArgument, like run's Validate.
+std::unexpected<Error> BadSetting(std::string_view flag, std::string_view env,
+                                  std::string_view why);
+
+// A decimal integer in [min, max]; otherwise a BadSetting naming flag and env.
+Result<int64_t> ParseIntSetting(std::string_view text, std::string_view flag, std::string_view env,
+                                int64_t min, int64_t max);
+
+// `text` as a JSON string literal, quotes included (control characters,
+// quotes and backslashes escaped; other bytes as they are).
+std::string JsonQuote(std::string_view text);
+
+// 1536 -> "1.5 KiB", 0 -> "0 B" (binary units, as pg_size_pretty but with one decimal).
+std::string PrettyBytes(int64_t bytes);
+
+// The exit code for an error that ends a command: kExitConfig for
+// kInvalidArgument, kExitFailure otherwise.
+int ExitCodeOf(const Error& error);
+
+}  // namespace outbox_relay::app

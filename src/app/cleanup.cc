@@ -1,0 +1,359 @@
+#include "outbox_relay/app/cleanup.h"
+
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "outbox_relay/app/commands.h"
+#include "outbox_relay/app/logging.h"
+
+namespace outbox_relay::app {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+Result<int64_t> AffectedRows(const pg::ResultHandle& res) {
+  std::string_view text = PQcmdTuples(res.get());
+  int64_t n = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (ec != std::errc() || end != text.data() + text.size()) {
+    return Fail(ErrorCode::kFatal, "unexpected command status '{}'", text);
+  }
+  return n;
+}
+
+Result<int64_t> Count(pg::Connection& conn, const std::string& sql,
+                      std::span<const std::optional<std::string>> params) {
+  auto res = conn.ExecParams(sql, params);
+  if (!res) return std::unexpected(res.error());
+  std::string_view text = pg::GetValue(res->get(), 0, 0).value_or("0");
+  int64_t n = 0;
+  std::from_chars(text.data(), text.data() + text.size(), n);
+  return n;
+}
+
+struct Batches {
+  int64_t rows = 0;
+  int64_t batches = 0;
+};
+
+// Runs `sql` (a batched DELETE of at most `batch` rows) until a batch comes
+// back short, sleeping between batches; a progress line after each.
+Result<Batches> DeleteInBatches(pg::Connection& conn, const std::string& sql,
+                                std::span<const std::optional<std::string>> params, int64_t batch,
+                                std::chrono::milliseconds sleep, std::string_view what) {
+  Batches out;
+  auto started = Clock::now();
+  while (true) {
+    auto res = conn.ExecParams(sql, params);
+    if (!res) {
+      Error e = res.error();
+      e.message = fmt::format("deleting from {} (after {} rows in {} batches): {}", what, out.rows,
+                              out.batches, e.message);
+      return std::unexpected(std::move(e));
+    }
+    auto n = AffectedRows(*res);
+    if (!n) return std::unexpected(n.error());
+    out.rows += *n;
+    ++out.batches;
+    double secs = SecondsSince(started);
+    spdlog::info("cleanup: {}: batch {} deleted {} rows; {} rows so far, {:.0f} rows/s", what,
+                 out.batches, *n, out.rows, secs > 0 ? static_cast<double>(out.rows) / secs : 0.0);
+    if (*n < batch) break;
+    if (sleep.count() > 0) std::this_thread::sleep_for(sleep);
+  }
+  return out;
+}
+
+// Checks that the table exists and has the configured columns, so a wrong
+// setting is reported as one (exit 2) rather than as an SQL error.
+Status CheckTable(pg::Connection& conn, const CleanupConfig& c) {
+  std::optional<std::string> params[] = {c.table_name.Quoted()};
+  auto res = conn.ExecParams(
+      "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
+      "WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
+      params);
+  if (!res) return std::unexpected(res.error());
+  PGresult* r = res->get();
+  if (PQntuples(r) == 0) {
+    return BadSetting("--table", "OUTBOX_TABLE",
+                      fmt::format("table {} does not exist", c.table_name.ToString()));
+  }
+  auto type_of = [&](const std::string& name) -> std::optional<std::string> {
+    for (int i = 0; i < PQntuples(r); ++i) {
+      if (pg::GetValue(r, i, 0) == name) return std::string(*pg::GetValue(r, i, 1));
+    }
+    return std::nullopt;
+  };
+  struct Needed {
+    const char* flag;
+    const char* env;
+    const std::string* name;
+  };
+  for (const Needed& n : {
+           Needed{"--column-acked", "OUTBOX_COLUMN_ACKED", &c.acked_column},
+           Needed{"--column-created-at", "OUTBOX_COLUMN_CREATED_AT", &c.created_at_column},
+           Needed{"--column-transaction-id", "OUTBOX_COLUMN_TRANSACTION_ID",
+                  &c.transaction_id_column},
+           Needed{"--column-offset", "OUTBOX_COLUMN_OFFSET", &c.offset_column},
+       }) {
+    if (!type_of(*n.name)) {
+      return BadSetting(
+          n.flag, n.env,
+          fmt::format("table {} has no column '{}'", c.table_name.ToString(), *n.name));
+    }
+  }
+  std::string created_type = *type_of(c.created_at_column);
+  if (!created_type.starts_with("timestamp") && created_type != "date") {
+    return BadSetting(
+        "--column-created-at", "OUTBOX_COLUMN_CREATED_AT",
+        fmt::format("column '{}' is {}, not a timestamp", c.created_at_column, created_type));
+  }
+  return Ok();
+}
+
+}  // namespace
+
+void AddCleanupFlags(CLI::App& app, CleanupConfig& c) {
+  app.add_option("--database-url", c.database_url,
+                 "PostgreSQL connection string or URI of the service database")
+      ->envname("DATABASE_URL");
+  app.add_option("--retention-days", c.retention_days,
+                 "Delete acked rows created more than this many days ago (at least 3; more "
+                 "than 30 is allowed with a warning)")
+      ->envname("OUTBOX_RETENTION_DAYS")
+      ->type_name("INT")
+      ->capture_default_str();
+  app.add_option("--batch-size", c.batch_size, "Rows per DELETE statement")
+      ->envname("OUTBOX_BATCH_SIZE")
+      ->type_name("INT")
+      ->capture_default_str();
+  app.add_option("--batch-sleep-ms", c.batch_sleep_ms,
+                 "Pause between batches, so cleanup does not dominate the I/O")
+      ->envname("OUTBOX_BATCH_SLEEP_MS")
+      ->type_name("INT")
+      ->capture_default_str();
+  app.add_option("--table", c.table, "The outbox table, schema-qualified")
+      ->envname("OUTBOX_TABLE")
+      ->capture_default_str();
+  app.add_option("--column-acked", c.acked_column,
+                 "Column set once the row is published (NULL until then: never deleted)")
+      ->envname("OUTBOX_COLUMN_ACKED")
+      ->capture_default_str();
+  app.add_option("--column-created-at", c.created_at_column,
+                 "Column with the row's creation time (timestamptz)")
+      ->envname("OUTBOX_COLUMN_CREATED_AT")
+      ->capture_default_str();
+  app.add_option("--column-transaction-id", c.transaction_id_column,
+                 "First primary-key column (batches go in primary-key order)")
+      ->envname("OUTBOX_COLUMN_TRANSACTION_ID")
+      ->capture_default_str();
+  app.add_option("--column-offset", c.offset_column, "Second primary-key column")
+      ->envname("OUTBOX_COLUMN_OFFSET")
+      ->capture_default_str();
+  app.add_option("--prune-commits", c.prune_commits,
+                 "Also delete outbox_relay.commits rows (the replay index, all slots) whose "
+                 "commit_time is past the same retention")
+      ->envname("OUTBOX_CLEANUP_PRUNE_COMMITS")
+      ->capture_default_str();
+  app.add_flag("--dry-run", c.dry_run, "Count what would be deleted; delete nothing")
+      ->envname("OUTBOX_CLEANUP_DRY_RUN");
+  AddLogFlags(app, c.log);
+}
+
+Status ValidateCleanup(CleanupConfig& c) {
+  if (c.database_url.empty()) {
+    return BadSetting("--database-url", "DATABASE_URL", "required, e.g. postgresql://user@host/db");
+  }
+  auto days =
+      ParseIntSetting(c.retention_days, "--retention-days", "OUTBOX_RETENTION_DAYS", 0, 36500);
+  if (!days) return std::unexpected(days.error());
+  if (*days < kMinRetentionDays) {
+    return BadSetting(
+        "--retention-days", "OUTBOX_RETENTION_DAYS",
+        fmt::format("{} days is below the minimum of {}: acked rows are what a replay after a "
+                    "weekend incident needs (the seed's rule: never less than 3 days, 7 "
+                    "recommended)",
+                    *days, kMinRetentionDays));
+  }
+  c.retention_days_value = *days;
+  auto batch = ParseIntSetting(c.batch_size, "--batch-size", "OUTBOX_BATCH_SIZE", 1, 1'000'000);
+  if (!batch) return std::unexpected(batch.error());
+  c.batch_size_value = *batch;
+  auto sleep =
+      ParseIntSetting(c.batch_sleep_ms, "--batch-sleep-ms", "OUTBOX_BATCH_SLEEP_MS", 0, 600'000);
+  if (!sleep) return std::unexpected(sleep.error());
+  c.batch_sleep_ms_value = *sleep;
+  auto table = pg::QualifiedName::Parse(c.table);
+  if (!table) return BadSetting("--table", "OUTBOX_TABLE", table.error().message);
+  c.table_name = *table;
+  struct Named {
+    const char* flag;
+    const char* env;
+    const std::string* value;
+  };
+  for (const Named& n : {
+           Named{"--column-acked", "OUTBOX_COLUMN_ACKED", &c.acked_column},
+           Named{"--column-created-at", "OUTBOX_COLUMN_CREATED_AT", &c.created_at_column},
+           Named{"--column-transaction-id", "OUTBOX_COLUMN_TRANSACTION_ID",
+                 &c.transaction_id_column},
+           Named{"--column-offset", "OUTBOX_COLUMN_OFFSET", &c.offset_column},
+       }) {
+    if (n.value->empty()) return BadSetting(n.flag, n.env, "empty column name");
+  }
+  return Ok();
+}
+
+Result<CleanupReport> RunCleanup(const CleanupConfig& c) {
+  auto started = Clock::now();
+  CleanupReport report;
+  auto conn =
+      pg::Connection::Open(c.database_url, pg::Connection::Mode::kNormal, "outbox-relay-cleanup");
+  if (!conn) return std::unexpected(conn.error());
+  if (auto st = CheckTable(*conn, c); !st) return std::unexpected(st.error());
+
+  // One cutoff for the whole run (NOW() would move with every batch's transaction).
+  {
+    std::optional<std::string> params[] = {std::to_string(c.retention_days_value)};
+    auto res = conn->ExecParams("SELECT (NOW() - make_interval(days => $1::int))::text", params);
+    if (!res) return std::unexpected(res.error());
+    report.cutoff = std::string(*pg::GetValue(res->get(), 0, 0));
+  }
+  spdlog::info(
+      "cleanup{}: {} rows acked and created before {} (retention {} days), batches of "
+      "{}, {} ms apart",
+      c.dry_run ? " (dry run)" : "", c.table_name.ToString(), report.cutoff, c.retention_days_value,
+      c.batch_size_value, c.batch_sleep_ms_value);
+
+  const std::string table = c.table_name.Quoted();
+  const std::string acked = pg::QuoteIdent(c.acked_column);
+  const std::string created = pg::QuoteIdent(c.created_at_column);
+  const std::string xid = pg::QuoteIdent(c.transaction_id_column);
+  const std::string off = pg::QuoteIdent(c.offset_column);
+  std::optional<std::string> params[] = {report.cutoff, std::to_string(c.batch_size_value)};
+  const auto sleep = std::chrono::milliseconds(c.batch_sleep_ms_value);
+
+  {
+    // The partial index on acked IS NULL makes this cheap.
+    std::string sql = fmt::format(
+        "SELECT count(*) FROM {} WHERE {} IS NULL AND {} < $1::timestamptz", table, acked, created);
+    auto n = Count(*conn, sql, std::span(params, 1));
+    if (!n) return std::unexpected(n.error());
+    report.unacked_past_retention = *n;
+  }
+
+  if (c.dry_run) {
+    std::string sql =
+        fmt::format("SELECT count(*) FROM {} WHERE {} IS NOT NULL AND {} < $1::timestamptz", table,
+                    acked, created);
+    auto n = Count(*conn, sql, std::span(params, 1));
+    if (!n) return std::unexpected(n.error());
+    report.outbox_rows = *n;
+  } else {
+    std::string sql = fmt::format(
+        "WITH victims AS ("
+        " SELECT {xid}, {off} FROM {table}"
+        " WHERE {acked} IS NOT NULL AND {created} < $1::timestamptz"
+        " ORDER BY {xid}, {off} LIMIT $2::bigint"
+        ") DELETE FROM {table} o USING victims v"
+        " WHERE o.{xid} = v.{xid} AND o.{off} = v.{off} AND o.{acked} IS NOT NULL",
+        fmt::arg("table", table), fmt::arg("acked", acked), fmt::arg("created", created),
+        fmt::arg("xid", xid), fmt::arg("off", off));
+    auto deleted =
+        DeleteInBatches(*conn, sql, params, c.batch_size_value, sleep, c.table_name.ToString());
+    if (!deleted) return std::unexpected(deleted.error());
+    report.outbox_rows = deleted->rows;
+    report.outbox_batches = deleted->batches;
+  }
+
+  if (c.prune_commits) {
+    auto exists = conn->Exec("SELECT to_regclass('outbox_relay.commits') IS NOT NULL");
+    if (!exists) return std::unexpected(exists.error());
+    report.commit_index_exists = pg::GetValue(exists->get(), 0, 0) == "t";
+  }
+  if (c.prune_commits && report.commit_index_exists) {
+    if (c.dry_run) {
+      auto n = Count(
+          *conn, "SELECT count(*) FROM outbox_relay.commits WHERE commit_time < $1::timestamptz",
+          std::span(params, 1));
+      if (!n) return std::unexpected(n.error());
+      report.commit_rows = *n;
+    } else {
+      auto deleted = DeleteInBatches(
+          *conn,
+          "WITH victims AS ("
+          " SELECT slot_name, commit_lsn FROM outbox_relay.commits"
+          " WHERE commit_time < $1::timestamptz ORDER BY slot_name, commit_lsn LIMIT $2::bigint"
+          ") DELETE FROM outbox_relay.commits c USING victims v"
+          " WHERE c.slot_name = v.slot_name AND c.commit_lsn = v.commit_lsn",
+          params, c.batch_size_value, sleep, "outbox_relay.commits");
+      if (!deleted) return std::unexpected(deleted.error());
+      report.commit_rows = deleted->rows;
+      report.commit_batches = deleted->batches;
+    }
+  }
+  report.seconds = SecondsSince(started);
+  return report;
+}
+
+int CleanupCommand(CleanupConfig& c) {
+  SetupLogging(c.log);
+  if (auto st = ValidateCleanup(c); !st) {
+    spdlog::error("{}", st.error().message);
+    return kExitConfig;
+  }
+  if (c.retention_days_value > kWarnRetentionDays) {
+    spdlog::warn(
+        "OUTBOX_RETENTION_DAYS={} is above {}: allowed, but the table and its indexes "
+        "grow and VACUUM suffers (the seed recommends 7)",
+        c.retention_days_value, kWarnRetentionDays);
+  }
+  auto report = RunCleanup(c);
+  if (!report) {
+    spdlog::error("cleanup failed: {}", report.error().message);
+    return ExitCodeOf(report.error());
+  }
+  const char* verb = c.dry_run ? "would delete" : "deleted";
+  std::printf("cleanup%s: retention %lld days, cutoff %s\n", c.dry_run ? " (dry run)" : "",
+              static_cast<long long>(c.retention_days_value), report->cutoff.c_str());
+  std::printf("cleanup: %s %lld rows from %s (acked, created before the cutoff)", verb,
+              static_cast<long long>(report->outbox_rows), c.table_name.ToString().c_str());
+  if (!c.dry_run) std::printf(" in %lld batches", static_cast<long long>(report->outbox_batches));
+  std::printf("\n");
+  if (!c.prune_commits) {
+    std::printf("cleanup: outbox_relay.commits not pruned (--prune-commits=false)\n");
+  } else if (!report->commit_index_exists) {
+    std::printf("cleanup: no outbox_relay.commits table (the relay never ran here)\n");
+  } else {
+    std::printf(
+        "cleanup: %s %lld rows from outbox_relay.commits (commit_time before the "
+        "cutoff, all slots)",
+        verb, static_cast<long long>(report->commit_rows));
+    if (!c.dry_run) std::printf(" in %lld batches", static_cast<long long>(report->commit_batches));
+    std::printf("\n");
+  }
+  std::printf("cleanup: kept %lld unacked rows older than the cutoff (never deleted)\n",
+              static_cast<long long>(report->unacked_past_retention));
+  std::printf("cleanup: done in %.2f s\n", report->seconds);
+  std::fflush(stdout);
+  if (report->unacked_past_retention > 0) {
+    spdlog::warn(
+        "{} rows older than the retention window are still unacked: they have not "
+        "reached Kafka (is the relay running? see outbox_rows_total{{status=\"unacked\"}})",
+        report->unacked_past_retention);
+  }
+  spdlog::info("cleanup: {} {} outbox rows and {} commit index rows in {:.2f} s", verb,
+               report->outbox_rows, report->commit_rows, report->seconds);
+  return kExitOk;
+}
+
+}  // namespace outbox_relay::app

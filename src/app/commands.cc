@@ -1,0 +1,162 @@
+#include "outbox_relay/app/commands.h"
+
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <charconv>
+#include <exception>
+#include <iterator>
+#include <limits>
+#include <memory>
+
+#include "outbox_relay/app/check.h"
+#include "outbox_relay/app/cleanup.h"
+#include "outbox_relay/app/replay.h"
+#include "outbox_relay/app/slot_command.h"
+
+namespace outbox_relay::app {
+
+std::unexpected<Error> BadSetting(std::string_view flag, std::string_view env,
+                                  std::string_view why) {
+  return Fail(ErrorCode::kInvalidArgument, "invalid setting {} ({}): {}", flag, env, why);
+}
+
+Result<int64_t> ParseIntSetting(std::string_view text, std::string_view flag, std::string_view env,
+                                int64_t min, int64_t max) {
+  int64_t value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
+    return BadSetting(flag, env, fmt::format("'{}' is not an integer", text));
+  }
+  if (value < min || value > max) {
+    return BadSetting(flag, env, fmt::format("{} is out of range {}..{}", value, min, max));
+  }
+  return value;
+}
+
+std::string JsonQuote(std::string_view text) {
+  std::string out;
+  out.reserve(text.size() + 2);
+  out += '"';
+  for (char c : text) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
+        } else {
+          out += c;
+        }
+    }
+  }
+  out += '"';
+  return out;
+}
+
+std::string PrettyBytes(int64_t bytes) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (bytes < 0) {
+    return "-" + PrettyBytes(bytes == std::numeric_limits<int64_t>::min()
+                                 ? std::numeric_limits<int64_t>::max()
+                                 : -bytes);
+  }
+  if (bytes < 1024) return fmt::format("{} B", bytes);
+  double v = static_cast<double>(bytes);
+  size_t unit = 0;
+  while (v >= 1024 && unit + 1 < std::size(kUnits)) {
+    v /= 1024;
+    ++unit;
+  }
+  return fmt::format("{:.1f} {}", v, kUnits[unit]);
+}
+
+int ExitCodeOf(const Error& error) {
+  return error.code == ErrorCode::kInvalidArgument ? kExitConfig : kExitFailure;
+}
+
+namespace {
+
+// The flag values of every ops command; the callbacks share ownership, so
+// they live as long as the app.
+struct OpsConfigs {
+  CleanupConfig cleanup;
+  ReplayConfig replay;
+  SlotCommandConfig slot_status;
+  SlotCommandConfig slot_drop;
+  CheckConfig check;
+};
+
+// Runs a command inside its CLI11 callback; a non-zero exit code leaves as
+// CLI::RuntimeError, which main returns through app.exit() silently.
+template <typename Fn>
+void RunCommand(Fn&& fn) {
+  int code = kExitFailure;
+  try {
+    code = fn();
+  } catch (const CLI::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    code = kExitFailure;
+  }
+  if (code != kExitOk) throw CLI::RuntimeError(code);
+}
+
+}  // namespace
+
+void AddOpsCommands(CLI::App& app) {
+  auto configs = std::make_shared<OpsConfigs>();
+
+  CLI::App* cleanup = app.add_subcommand(
+      "cleanup",
+      "Delete acked outbox rows older than the retention (and the replay index's old rows), "
+      "in batches; never an unacked row. The seed's CronJob: OUTBOX_RETENTION_DAYS, "
+      "OUTBOX_BATCH_SIZE, OUTBOX_BATCH_SLEEP_MS, DATABASE_URL");
+  cleanup->alias("outbox-cleanup");
+  AddCleanupFlags(*cleanup, configs->cleanup);
+  cleanup->callback([configs] { RunCommand([&] { return CleanupCommand(configs->cleanup); }); });
+
+  CLI::App* replay = app.add_subcommand(
+      "replay",
+      "Re-publish the transactions of a commit-LSN or commit-time range from the commit index, "
+      "in commit order, with their original UUIDs");
+  AddReplayFlags(*replay, configs->replay);
+  replay->callback([configs] { RunCommand([&] { return ReplayCommand(configs->replay); }); });
+
+  CLI::App* slot = app.add_subcommand("slot", "Inspect or drop the relay's replication slot");
+  slot->require_subcommand(1);
+  CLI::App* status = slot->add_subcommand(
+      "status", "The slot (pg_replication_slots), the relay's state rows and commit index for it");
+  AddSlotStatusFlags(*status, configs->slot_status);
+  status->callback(
+      [configs] { RunCommand([&] { return SlotStatusCommand(configs->slot_status); }); });
+  CLI::App* drop = slot->add_subcommand(
+      "drop",
+      "Drop the slot (needs --confirm; refused while active). The next run backfills the "
+      "unacked rows");
+  AddSlotDropFlags(*drop, configs->slot_drop);
+  drop->callback([configs] { RunCommand([&] { return SlotDropCommand(configs->slot_drop); }); });
+
+  CLI::App* check = app.add_subcommand(
+      "check",
+      "Preflight with run's flags: PostgreSQL settings, role, table, indexes, publication, slot, "
+      "relay schema, Kafka and topics. Exit 1 on any FAIL");
+  AddCheckFlags(*check, configs->check);
+  check->callback([configs] { RunCommand([&] { return CheckCommand(configs->check); }); });
+}
+
+}  // namespace outbox_relay::app
