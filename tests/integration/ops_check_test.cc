@@ -2,14 +2,13 @@
 // proper table, also while a relay holds the slot; fails (exit 1) with the fix
 // on a server with wal_level = replica (a throwaway PostgreSQL 15 cluster
 // started by this test) and on a missing table.
+#include <fmt/format.h>
 #include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <stdexcept>
-
-#include <fmt/format.h>
 
 #include "fixture.h"
 #include "ops_support.h"
@@ -144,9 +143,10 @@ TEST_F(OpsCheck, WarnsAboutUpdatesInThePublicationAndAMissingPartialIndex) {
   EXPECT_EQ(StatusOf(r.out, "unacked index"), "WARN") << r.out;
   EXPECT_EQ(StatusOf(r.out, "marking index"), "OK") << r.out;
 
-  db_->Exec(fmt::format("DROP PUBLICATION {0}; CREATE PUBLICATION {0} FOR TABLE {1} WITH "
-                        "(publish = 'insert')",
-                        QuoteIdent(name_), QuoteIdent(other_table_)));
+  db_->Exec(
+      fmt::format("DROP PUBLICATION {0}; CREATE PUBLICATION {0} FOR TABLE {1} WITH "
+                  "(publish = 'insert')",
+                  QuoteIdent(name_), QuoteIdent(other_table_)));
   r = RunRelayCommand(CheckArgs(), Env());
   EXPECT_EQ(r.exit_code, 1) << r.Describe();
   EXPECT_NE(r.out.find(fmt::format("FAIL  publication {}: exists but does not include", name_)),
@@ -176,8 +176,8 @@ TEST_F(OpsCheck, FailsOnWalLevelReplicaAndSaysHowToFixIt) {
   }
   auto env = Env();
   env["DATABASE_URL"] = cluster->url();
-  std::vector<std::string> args = {"check", "--table", "public.outbox", "--slot", name_,
-                                   "--dlq-topic", topic_prefix_ + ".dlq"};
+  std::vector<std::string> args = {"check", "--table",     "public.outbox",       "--slot",
+                                   name_,   "--dlq-topic", topic_prefix_ + ".dlq"};
   CommandResult r = RunRelayCommand(args, env);
   EXPECT_EQ(r.exit_code, 1) << r.Describe();
   EXPECT_NE(r.out.find("FAIL  wal_level: replica"), std::string::npos) << r.Describe();

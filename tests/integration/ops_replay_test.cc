@@ -3,11 +3,11 @@
 // those transactions' rows still in the table, in commit order, with their
 // original UUIDs, the record contract, and the replay headers; and reports
 // what cleanup already removed.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <set>
 #include <thread>
-
-#include <fmt/format.h>
 
 #include "fixture.h"
 #include "ops_support.h"
@@ -78,7 +78,8 @@ TEST_F(OpsReplay, ReplaysAnLsnRangeInCommitOrderWithReplayHeaders) {
   ASSERT_EQ(WaitAllAcked(seconds(60)), 0) << relay.LogTail();
   std::vector<IndexedTx> index;
   for (auto deadline = std::chrono::steady_clock::now() + seconds(30);
-       std::chrono::steady_clock::now() < deadline; std::this_thread::sleep_for(milliseconds(100))) {
+       std::chrono::steady_clock::now() < deadline;
+       std::this_thread::sleep_for(milliseconds(100))) {
     index = Index();
     if (index.size() == sizes.size()) break;
   }
@@ -144,10 +145,10 @@ TEST_F(OpsReplay, ReplaysAnLsnRangeInCommitOrderWithReplayHeaders) {
   EXPECT_TRUE(kafka_->TopicsWithPrefix(ReplayPrefix() + ".").empty());
 
   // The same range by commit time.
-  CommandResult by_time = RunRelayCommand(
-      ReplayArgs({"--from-time", index[first].commit_time, "--to-time", index[last].commit_time,
-                  "--dry-run"}),
-      Env());
+  CommandResult by_time =
+      RunRelayCommand(ReplayArgs({"--from-time", index[first].commit_time, "--to-time",
+                                  index[last].commit_time, "--dry-run"}),
+                      Env());
   ASSERT_EQ(by_time.exit_code, 0) << by_time.Describe();
   EXPECT_NE(by_time.out.find(cleanup_line), std::string::npos) << by_time.Describe();
   EXPECT_NE(by_time.out.find(fmt::format("would publish {} rows", expected.size())),
@@ -158,9 +159,9 @@ TEST_F(OpsReplay, ReplaysAnLsnRangeInCommitOrderWithReplayHeaders) {
   CommandResult replay = RunRelayCommand(ReplayArgs(range), Env());
   ASSERT_EQ(replay.exit_code, 0) << replay.Describe();
   EXPECT_NE(replay.out.find(cleanup_line), std::string::npos) << replay.Describe();
-  EXPECT_NE(replay.out.find(fmt::format("published {0} rows: {0} delivered, 0 failed",
-                                        expected.size())),
-            std::string::npos)
+  EXPECT_NE(
+      replay.out.find(fmt::format("published {0} rows: {0} delivered, 0 failed", expected.size())),
+      std::string::npos)
       << replay.Describe();
 
   std::vector<KafkaRecord> records = kafka_->Read({}, ReplayPrefix() + ".");
@@ -188,8 +189,8 @@ TEST_F(OpsReplay, ReplaysAnLsnRangeInCommitOrderWithReplayHeaders) {
     // Commit order (and insert order inside a transaction) per partition.
     auto key = std::make_pair(rec.topic, rec.partition);
     if (auto prev = last_position.find(key); prev != last_position.end()) {
-      EXPECT_LT(prev->second, it->second) << "out of order in " << rec.topic << "/"
-                                          << rec.partition;
+      EXPECT_LT(prev->second, it->second)
+          << "out of order in " << rec.topic << "/" << rec.partition;
     }
     last_position[key] = it->second;
   }

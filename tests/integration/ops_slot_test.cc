@@ -2,9 +2,9 @@
 // (inactive, then held by a running relay); drop refuses without --confirm,
 // refuses an active slot naming the PID that holds it, and drops an inactive
 // one, after which `run` recovers by backfill.
-#include <thread>
-
 #include <fmt/format.h>
+
+#include <thread>
 
 #include "fixture.h"
 #include "ops_support.h"
@@ -85,8 +85,7 @@ TEST_F(OpsSlot, DropNeedsConfirmRefusesAnActiveSlotAndDropsAnInactiveOne) {
   ASSERT_EQ(status.exit_code, 0) << status.Describe();
   EXPECT_EQ(JsonPath(*db_, status.out, "{active}"), "true");
   EXPECT_EQ(JsonPath(*db_, status.out, "{active_pid}"), std::to_string(*slot->active_pid));
-  EXPECT_TRUE(JsonPath(*db_, status.out, "{state,slot_created,value}").has_value())
-      << status.out;
+  EXPECT_TRUE(JsonPath(*db_, status.out, "{state,slot_created,value}").has_value()) << status.out;
   CommandResult active = RunRelayCommand(Args("drop", {"--confirm"}), Env());
   EXPECT_EQ(active.exit_code, 1) << active.Describe();
   EXPECT_NE(active.err.find("active"), std::string::npos) << active.Describe();

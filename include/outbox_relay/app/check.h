@@ -1,0 +1,62 @@
+// `outbox-relay check`: preflight of everything `run` needs, with the same
+// flags as `run`. Each line is OK, WARN or FAIL, what was checked, and for
+// WARN/FAIL the fix. Exit 1 if anything FAILs, else 0. --output text|json.
+//
+// PostgreSQL: server version (15+: the relay creates its slot with the
+// option syntax of CREATE_REPLICATION_SLOT that 15 introduced; xid8 and
+// pg_visible_in_snapshot exist since 13), wal_level = logical, free
+// replication slots and WAL senders, the role's REPLICATION attribute (or
+// superuser), the outbox table (columns by name and type, an index leading
+// with transaction_id for marking, the partial index on offset_acked IS NULL,
+// privileges), the publication (exists and holds exactly the table, publishes
+// inserts only), the slot (plugin, holder, wal_status), the relay's schema.
+// Kafka: a metadata request within --kafka-timeout-ms, the dead-letter topic,
+// and the topics the template gives for the event types of recent rows.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "outbox_relay/app/config.h"
+
+namespace CLI {
+class App;
+}
+
+namespace outbox_relay::app {
+
+struct CheckConfig {
+  RelayConfig relay;
+  std::string output = "text";  // text | json
+  std::string kafka_timeout_ms = "5000";
+  std::string sample_rows = "1000";  // recent rows whose topics are checked
+
+  // Filled by the command:
+  int64_t kafka_timeout_ms_value = 5000;
+  int64_t sample_rows_value = 1000;
+};
+
+enum class CheckStatus { kOk, kWarn, kFail };
+
+struct CheckResult {
+  CheckStatus status = CheckStatus::kOk;
+  std::string name;    // what was checked, e.g. "wal_level"
+  std::string detail;  // what was found
+  std::string fix;     // for WARN and FAIL: what to do
+};
+
+const char* CheckStatusName(CheckStatus status);  // "OK", "WARN", "FAIL"
+
+void AddCheckFlags(CLI::App& app, CheckConfig& config);
+
+// Runs every check on a validated config. Never fails as a whole: a check
+// that cannot run is itself a FAIL line.
+std::vector<CheckResult> RunChecks(const CheckConfig& config);
+
+std::string FormatChecksText(const std::vector<CheckResult>& results);
+std::string FormatChecksJson(const std::vector<CheckResult>& results);
+
+// The whole command; returns the exit code.
+int CheckCommand(CheckConfig& config);
+
+}  // namespace outbox_relay::app

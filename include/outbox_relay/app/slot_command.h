@@ -1,0 +1,85 @@
+// `outbox-relay slot status|drop`: the replication slot as an operator sees it.
+//
+// status  pg_replication_slots for the slot (plugin, active and by whom,
+//         confirmed_flush_lsn, restart_lsn, the WAL it retains, wal_status,
+//         safe_wal_size), the relay's rows in outbox_relay.state for it and a
+//         summary of its commit-LSN index (what `replay` can reach).
+//         --output text|json. A missing slot is reported (exists: false), exit 0.
+// drop    Drops the slot, only with --confirm and only while no walsender
+//         holds it (an active slot is refused with the holder's PID). Without
+//         --confirm it says what it would do and exits 2. The relay's state
+//         rows are kept on purpose: `slot_created` is how the next `run`
+//         knows the slot existed, so it treats it as lost and (with
+//         --on-slot-lost=reconcile) recreates it and backfills every unacked row.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "outbox_relay/app/config.h"
+#include "outbox_relay/core/result.h"
+#include "outbox_relay/pg/connection.h"
+
+namespace CLI {
+class App;
+}
+
+namespace outbox_relay::app {
+
+// The key relay_slot.cc writes when it creates a slot (outbox_relay.state).
+inline constexpr const char* kSlotCreatedStateKey = "slot_created";
+
+struct SlotCommandConfig {
+  std::string database_url;
+  std::string slot = "outbox_relay";
+  std::string output = "text";  // text | json (status)
+  bool confirm = false;         // drop
+  LogConfig log;
+};
+
+// --database-url, --slot (and --output for status, --confirm for drop), log flags.
+void AddSlotStatusFlags(CLI::App& app, SlotCommandConfig& config);
+void AddSlotDropFlags(CLI::App& app, SlotCommandConfig& config);
+
+struct SlotStateRow {
+  std::string key;
+  std::string value;
+  std::string updated_at;
+};
+
+struct SlotReport {
+  std::string slot;
+  std::string current_wal_lsn;  // pg_current_wal_lsn()
+  bool exists = false;
+  std::string plugin;
+  std::string slot_type;
+  std::string database;
+  bool active = false;
+  std::optional<int> active_pid;
+  std::string holder;  // application_name and client address of the active walsender
+  std::optional<std::string> restart_lsn;
+  std::optional<std::string> confirmed_flush_lsn;
+  std::optional<int64_t> retained_bytes;     // current WAL - restart_lsn
+  std::optional<int64_t> unconfirmed_bytes;  // current WAL - confirmed_flush_lsn
+  std::string wal_status;
+  std::optional<int64_t> safe_wal_size;  // NULL when max_slot_wal_keep_size = -1
+  bool relay_schema = false;             // outbox_relay.state and .commits exist
+  std::vector<SlotStateRow> state;       // outbox_relay.state rows of the slot
+  int64_t indexed_transactions = 0;      // outbox_relay.commits rows of the slot
+  std::optional<std::string> first_commit_lsn, last_commit_lsn;
+  std::optional<std::string> first_commit_time, last_commit_time;
+
+  const SlotStateRow* FindState(std::string_view key) const;
+};
+
+Result<SlotReport> QuerySlotReport(pg::Connection& conn, const std::string& slot);
+std::string FormatSlotReportText(const SlotReport& report);
+std::string FormatSlotReportJson(const SlotReport& report);
+
+// The commands: logging, validation, the work, output. Return the exit code.
+int SlotStatusCommand(SlotCommandConfig& config);
+int SlotDropCommand(SlotCommandConfig& config);
+
+}  // namespace outbox_relay::app

@@ -1,0 +1,1025 @@
+#include "outbox_relay/app/check.h"
+
+#include <fmt/ranges.h>
+#include <librdkafka/rdkafka.h>
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <charconv>
+#include <cstdio>
+#include <map>
+#include <set>
+
+#include "outbox_relay/app/commands.h"
+#include "outbox_relay/app/logging.h"
+#include "outbox_relay/app/slot_command.h"
+#include "outbox_relay/kafka/producer.h"
+#include "outbox_relay/outbox/record.h"
+#include "outbox_relay/pg/connection.h"
+
+namespace outbox_relay::app {
+
+const char* CheckStatusName(CheckStatus status) {
+  switch (status) {
+    case CheckStatus::kOk:
+      return "OK";
+    case CheckStatus::kWarn:
+      return "WARN";
+    case CheckStatus::kFail:
+      return "FAIL";
+  }
+  return "FAIL";
+}
+
+namespace {
+
+std::string Str(const PGresult* r, int row, int col) {
+  return std::string(pg::GetValue(r, row, col).value_or(""));
+}
+
+int64_t Int(const PGresult* r, int row, int col) {
+  auto v = pg::GetValue(r, row, col);
+  int64_t n = 0;
+  if (v) std::from_chars(v->data(), v->data() + v->size(), n);
+  return n;
+}
+
+bool Bool(const PGresult* r, int row, int col) { return pg::GetValue(r, row, col) == "t"; }
+
+// The text form of a text[]: {a,b,"c d","e\"f"}.
+std::set<std::string> ParseTextArray(std::string_view text) {
+  std::set<std::string> out;
+  if (text.size() < 2) return out;
+  text = text.substr(1, text.size() - 2);
+  std::string cur;
+  bool quoted = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    char ch = text[i];
+    if (quoted && ch == '\\' && i + 1 < text.size()) {
+      cur += text[++i];
+    } else if (ch == '"') {
+      quoted = !quoted;
+    } else if (ch == ',' && !quoted) {
+      out.insert(std::move(cur));
+      cur.clear();
+    } else {
+      cur += ch;
+    }
+  }
+  if (!text.empty()) out.insert(std::move(cur));
+  return out;
+}
+
+struct Column {
+  int attnum = 0;
+  std::string type;     // format_type()
+  std::string typname;  // pg_type.typname
+  char category = 'X';  // pg_type.typcategory
+  bool not_null = false;
+};
+
+// Topics that exist, and whether the broker creates missing ones.
+struct KafkaView {
+  bool reachable = false;
+  std::map<std::string, int> topics;  // name -> partitions
+  std::optional<bool> auto_create;    // broker auto.create.topics.enable
+};
+
+class Checker {
+ public:
+  explicit Checker(const CheckConfig& config) : c_(config), r_(config.relay) {}
+
+  std::vector<CheckResult> Run() {
+    Database();
+    Kafka();
+    return std::move(out_);
+  }
+
+ private:
+  void Add(CheckStatus s, std::string name, std::string detail, std::string fix = "") {
+    out_.push_back({s, std::move(name), std::move(detail), std::move(fix)});
+  }
+  void Ok(std::string name, std::string detail) {
+    Add(CheckStatus::kOk, std::move(name), std::move(detail));
+  }
+  void Warn(std::string name, std::string detail, std::string fix) {
+    Add(CheckStatus::kWarn, std::move(name), std::move(detail), std::move(fix));
+  }
+  void Failed(std::string name, std::string detail, std::string fix) {
+    Add(CheckStatus::kFail, std::move(name), std::move(detail), std::move(fix));
+  }
+
+  // --- PostgreSQL -------------------------------------------------------------
+
+  void Database() {
+    auto conn =
+        pg::Connection::Open(r_.database_url, pg::Connection::Mode::kNormal, "outbox-relay-check");
+    if (!conn) {
+      Failed("postgres connection", conn.error().message,
+             "check --database-url (DATABASE_URL), that the server runs and that pg_hba.conf "
+             "admits this host and role");
+      return;
+    }
+    conn_ = &*conn;
+    auto res = conn_->Exec(
+        "SELECT current_setting('server_version_num')::int, current_setting('server_version'), "
+        "current_setting('wal_level'), current_setting('max_replication_slots')::int, "
+        "(SELECT count(*) FROM pg_replication_slots), current_setting('max_wal_senders')::int, "
+        "(SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'walsender'), "
+        "current_setting('max_slot_wal_keep_size'), current_database(), current_user, "
+        "r.rolsuper, r.rolreplication, has_database_privilege(current_database(), 'CREATE') "
+        "FROM pg_roles r WHERE r.rolname = current_user");
+    if (!res) {
+      Failed("postgres settings", res.error().message, "");
+      return;
+    }
+    const PGresult* s = res->get();
+    version_num_ = Int(s, 0, 0);
+    database_ = Str(s, 0, 8);
+    role_ = Str(s, 0, 9);
+    superuser_ = Bool(s, 0, 10);
+    can_create_in_db_ = Bool(s, 0, 12);
+    Ok("postgres connection", fmt::format("database {} as role {}", database_, role_));
+
+    auto slot = QuerySlotReport(*conn_, r_.slot);
+    if (!slot) {
+      Failed("replication slot", slot.error().message, "");
+      return;
+    }
+    slot_ = std::move(*slot);
+
+    Version(Str(s, 0, 1));
+    WalLevel(Str(s, 0, 2));
+    Capacity("max_replication_slots", Int(s, 0, 3), Int(s, 0, 4), slot_.exists,
+             "replication slots in use",
+             "drop an unused slot (SELECT slot_name, active FROM pg_replication_slots;) or "
+             "raise it: ALTER SYSTEM SET max_replication_slots = 10; and restart PostgreSQL");
+    Capacity("max_wal_senders", Int(s, 0, 5), Int(s, 0, 6), false, "WAL senders running",
+             "raise it: ALTER SYSTEM SET max_wal_senders = 10; and restart PostgreSQL");
+    std::string keep = Str(s, 0, 7);
+    Ok("max_slot_wal_keep_size",
+       keep == "-1" ? "-1 (unlimited): a stopped relay's slot retains WAL until the disk fills; "
+                      "a limit makes PostgreSQL invalidate the slot instead, which run recovers "
+                      "from by backfill (--on-slot-lost=reconcile)"
+                    : keep +
+                          ": a slot retaining more is invalidated; run recovers by backfill "
+                          "(--on-slot-lost=reconcile)");
+    Role(Bool(s, 0, 11));
+    if (Table()) {
+      Columns();
+      Indexes();
+      Privileges();
+      Publication();
+    }
+    Slot();
+    RelaySchema();
+    SampleTopics();
+  }
+
+  void Version(const std::string& text) {
+    if (version_num_ >= 150000) {
+      Ok("server version", fmt::format("PostgreSQL {}", text));
+    } else if (version_num_ >= 130000 && slot_.exists) {
+      Warn("server version",
+           fmt::format("PostgreSQL {}: xid8 and pg_visible_in_snapshot exist (13+), and the slot "
+                       "exists, so run can stream; but the relay creates slots with the option "
+                       "syntax of CREATE_REPLICATION_SLOT that PostgreSQL 15 introduced, so "
+                       "recreating a lost slot (reconcile) fails, and it is tested on 15 only",
+                       text),
+           "upgrade to PostgreSQL 15 or newer");
+    } else if (version_num_ >= 130000) {
+      Failed("server version",
+             fmt::format("PostgreSQL {}: the relay creates its slot with the option syntax of "
+                         "CREATE_REPLICATION_SLOT (… (SNAPSHOT 'export')) that PostgreSQL 15 "
+                         "introduced; 13 and 14 reject it",
+                         text),
+             "upgrade to PostgreSQL 15 or newer");
+    } else {
+      Failed(
+          "server version",
+          fmt::format("PostgreSQL {}: xid8 and pg_visible_in_snapshot need 13, the relay 15", text),
+          "upgrade to PostgreSQL 15 or newer");
+    }
+  }
+
+  void WalLevel(const std::string& level) {
+    if (level == "logical") {
+      Ok("wal_level", "logical");
+      return;
+    }
+    Failed("wal_level",
+           fmt::format("{}: logical decoding (and so the relay) needs wal_level = logical", level),
+           "ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL (a reload is not "
+           "enough). Managed services: RDS/Aurora rds.logical_replication = 1, Cloud SQL "
+           "cloudsql.logical_decoding = on, Azure azure.replication_support = logical");
+  }
+
+  void Capacity(const char* name, int64_t max, int64_t used, bool ours_counted, const char* what,
+                const char* fix) {
+    if (max <= 0) {
+      Failed(name, fmt::format("{} = 0: the relay needs one", name), fix);
+    } else if (used >= max && !ours_counted) {
+      Failed(name, fmt::format("{} = {}, all {} {}", name, max, used, what), fix);
+    } else {
+      Ok(name, fmt::format("{} = {}, {} {}{}", name, max, used, what,
+                           ours_counted ? " (this relay's slot among them)" : ""));
+    }
+  }
+
+  void Role(bool replication) {
+    if (superuser_) {
+      Ok("role", fmt::format("{} is a superuser", role_));
+    } else if (replication) {
+      Ok("role", fmt::format("{} has the REPLICATION attribute", role_));
+    } else {
+      Failed("role",
+             fmt::format("{} has neither REPLICATION nor superuser: it cannot open a replication "
+                         "connection or create the slot",
+                         role_),
+             fmt::format("as a superuser: ALTER ROLE {} REPLICATION; (RDS: GRANT rds_replication "
+                         "TO {};)",
+                         pg::QuoteIdent(role_), pg::QuoteIdent(role_)));
+    }
+  }
+
+  bool Table() {
+    std::optional<std::string> params[] = {r_.table_name.Quoted()};
+    auto res = conn_->ExecParams(
+        "SELECT c.oid, c.relkind, pg_get_userbyid(c.relowner), "
+        "pg_has_role(current_user, c.relowner, 'USAGE') "
+        "FROM pg_class c WHERE c.oid = to_regclass($1)",
+        params);
+    if (!res) {
+      Failed("outbox table", res.error().message, "");
+      return false;
+    }
+    if (PQntuples(res->get()) == 0) {
+      Failed("outbox table", fmt::format("{} does not exist", r_.table_name.ToString()),
+             "create it (sql/outbox.sql has the seed's DDL) or point --table (OUTBOX_TABLE) at "
+             "the right one");
+      return false;
+    }
+    table_oid_ = Str(res->get(), 0, 0);
+    table_owner_ = Str(res->get(), 0, 2);
+    owns_table_ = Bool(res->get(), 0, 3);
+    std::string kind = Str(res->get(), 0, 1);
+    if (kind != "r") {
+      Warn("outbox table",
+           fmt::format("{} exists but is not a plain table (relkind {})", r_.table_name.ToString(),
+                       kind),
+           "the relay is tested with a plain table; a partitioned one needs its publication "
+           "WITH (publish_via_partition_root = true)");
+    } else {
+      Ok("outbox table",
+         fmt::format("{} exists (owner {})", r_.table_name.ToString(), table_owner_));
+    }
+    std::optional<std::string> oid[] = {table_oid_};
+    auto cols = conn_->ExecParams(
+        "SELECT a.attname, a.attnum, format_type(a.atttypid, a.atttypmod), t.typname, "
+        "t.typcategory, a.attnotnull FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
+        "WHERE a.attrelid = $1::oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+        oid);
+    if (!cols) {
+      Failed("outbox columns", cols.error().message, "");
+      return false;
+    }
+    for (int i = 0; i < PQntuples(cols->get()); ++i) {
+      Column col;
+      col.attnum = static_cast<int>(Int(cols->get(), i, 1));
+      col.type = Str(cols->get(), i, 2);
+      col.typname = Str(cols->get(), i, 3);
+      std::string cat = Str(cols->get(), i, 4);
+      col.category = cat.empty() ? 'X' : cat[0];
+      col.not_null = Bool(cols->get(), i, 5);
+      columns_.emplace(Str(cols->get(), i, 0), col);
+    }
+    return true;
+  }
+
+  std::string ColumnList() const {
+    std::string out;
+    for (const auto& [name, col] : columns_) {
+      if (!out.empty()) out += ", ";
+      out += name;
+    }
+    return out;
+  }
+
+  // Returns the column when it exists; otherwise a FAIL line naming the flag.
+  const Column* RequireColumn(const std::string& name, const char* flag, const char* env,
+                              const char* role) {
+    auto it = columns_.find(name);
+    if (it != columns_.end()) return &it->second;
+    Failed(fmt::format("column {}", name),
+           fmt::format("{} has no column '{}' ({}); its columns: {}", r_.table_name.ToString(),
+                       name, role, ColumnList()),
+           fmt::format("set {} ({}) to the column's name", flag, env));
+    all_columns_ok_ = false;
+    return nullptr;
+  }
+
+  void IntegerColumn(const std::string& name, const Column& col, const char* role) {
+    std::string what = fmt::format("column {}", name);
+    if (col.typname == "int8") {
+      Ok(what, fmt::format("{} ({})", col.type, role));
+    } else if (col.typname == "int4" || col.typname == "int2") {
+      Warn(what, fmt::format("{} ({}): works, but a BIGSERIAL offset outgrows it", col.type, role),
+           fmt::format("ALTER TABLE {} ALTER COLUMN {} TYPE bigint;", r_.table_name.Quoted(),
+                       pg::QuoteIdent(name)));
+    } else {
+      Failed(what, fmt::format("{} ({}): must be an integer (bigint)", col.type, role),
+             "use the seed's schema (sql/outbox.sql) or point the column flag elsewhere");
+      all_columns_ok_ = false;
+    }
+  }
+
+  void Columns() {
+    const auto& n = r_.columns;
+    if (const Column* col = RequireColumn(n.uuid, "--column-uuid", "OUTBOX_COLUMN_UUID", "uuid")) {
+      if (col->category == 'S' || col->typname == "uuid") {
+        Ok("column " + n.uuid, col->type + " (message UUID)");
+      } else {
+        Failed("column " + n.uuid, col->type + " (message UUID): must be text-like or uuid",
+               "use varchar(36)/text as in the seed's schema");
+        all_columns_ok_ = false;
+      }
+    }
+    if (const Column* col =
+            RequireColumn(n.payload, "--column-payload", "OUTBOX_COLUMN_PAYLOAD", "payload")) {
+      if (col->typname == "json" || col->typname == "jsonb" || col->category == 'S') {
+        Ok("column " + n.payload,
+           col->type + (col->typname == "jsonb"
+                            ? " (Kafka value: jsonb's normalized text, not the bytes written)"
+                            : " (Kafka value, verbatim)"));
+      } else if (col->typname == "bytea") {
+        Failed("column " + n.payload,
+               "bytea: pgoutput sends columns in text form, so Kafka would get the hex escape "
+               "'\\x7b22…', not the payload bytes",
+               "store the payload as json (the seed's schema), jsonb or text");
+        all_columns_ok_ = false;
+      } else {
+        Warn("column " + n.payload, fmt::format("{}: published as the type's text form", col->type),
+             "store the payload as json (the seed's schema), jsonb or text");
+      }
+    }
+    if (const Column* col =
+            RequireColumn(n.metadata, "--column-metadata", "OUTBOX_COLUMN_METADATA", "metadata")) {
+      if (col->typname == "json" || col->typname == "jsonb" || col->category == 'S') {
+        Ok("column " + n.metadata, col->type + " (metadata: a JSON object of strings)");
+      } else {
+        Failed("column " + n.metadata,
+               col->type + " (metadata): must hold a JSON object (json, jsonb or text)",
+               "use json as in the seed's schema");
+        all_columns_ok_ = false;
+      }
+    }
+    if (const Column* col = RequireColumn(n.transaction_id, "--column-transaction-id",
+                                          "OUTBOX_COLUMN_TRANSACTION_ID", "transaction id")) {
+      if (col->typname == "xid8") {
+        Ok("column " + n.transaction_id, "xid8 (writing transaction; marking and backfill)");
+      } else {
+        Failed("column " + n.transaction_id,
+               col->type +
+                   ": must be xid8 (marking by transaction and the snapshot backfill "
+                   "compare it with pg_current_xact_id() and pg_snapshot)",
+               fmt::format("{} xid8 NOT NULL DEFAULT pg_current_xact_id(), as in the seed's "
+                           "schema",
+                           pg::QuoteIdent(n.transaction_id)));
+        all_columns_ok_ = false;
+      }
+    }
+    if (const Column* col =
+            RequireColumn(n.offset, "--column-offset", "OUTBOX_COLUMN_OFFSET", "offset")) {
+      IntegerColumn(n.offset, *col, "row sequence");
+    }
+    if (r_.mark) {
+      if (const Column* col =
+              RequireColumn(r_.acked_column, "--column-acked", "OUTBOX_COLUMN_ACKED", "acked")) {
+        if (col->not_null) {
+          Failed("column " + r_.acked_column,
+                 "NOT NULL: it must be NULL until the row is published",
+                 fmt::format("ALTER TABLE {} ALTER COLUMN {} DROP NOT NULL;",
+                             r_.table_name.Quoted(), pg::QuoteIdent(r_.acked_column)));
+        } else {
+          IntegerColumn(r_.acked_column, *col, "NULL until published");
+        }
+      }
+    }
+    if (!columns_.contains("created_at")) {
+      Warn("column created_at", "missing: cleanup deletes acked rows by their creation time",
+           "add created_at timestamptz NOT NULL DEFAULT NOW() (the seed's schema), or pass "
+           "--column-created-at to cleanup");
+    }
+  }
+
+  void Indexes() {
+    auto xid = columns_.find(r_.columns.transaction_id);
+    std::optional<std::string> params[] = {table_oid_};
+    auto res = conn_->ExecParams(
+        "SELECT i.indexrelid::regclass::text, i.indkey[0], i.indisvalid, "
+        "pg_get_expr(i.indpred, i.indrelid), pg_get_indexdef(i.indexrelid) "
+        "FROM pg_index i WHERE i.indrelid = $1::oid",
+        params);
+    if (!res) {
+      Failed("indexes", res.error().message, "");
+      return;
+    }
+    std::string marking_index;
+    std::string acked_index;
+    std::string acked_norm = "(" + r_.acked_column + " is null)";
+    for (int i = 0; i < PQntuples(res->get()); ++i) {
+      if (!Bool(res->get(), i, 2)) continue;
+      if (xid != columns_.end() && Int(res->get(), i, 1) == xid->second.attnum &&
+          marking_index.empty()) {
+        marking_index = Str(res->get(), i, 0);
+      }
+      std::string pred;
+      for (char ch : Str(res->get(), i, 3)) {
+        if (ch != '"') pred += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      }
+      if (pred == acked_norm || pred == "(" + acked_norm + ")") acked_index = Str(res->get(), i, 0);
+    }
+    if (xid != columns_.end()) {
+      if (!marking_index.empty()) {
+        Ok("marking index",
+           fmt::format("{} leads with {}: UPDATE … WHERE {} = ANY($1) is an "
+                       "index scan",
+                       marking_index, r_.columns.transaction_id, r_.columns.transaction_id));
+      } else {
+        Warn("marking index",
+             fmt::format("no index leads with {}: every marking UPDATE scans the table",
+                         r_.columns.transaction_id),
+             fmt::format("the seed's PRIMARY KEY ({}, {}), or CREATE INDEX CONCURRENTLY ON {} "
+                         "({});",
+                         pg::QuoteIdent(r_.columns.transaction_id),
+                         pg::QuoteIdent(r_.columns.offset), r_.table_name.Quoted(),
+                         pg::QuoteIdent(r_.columns.transaction_id)));
+      }
+    }
+    if (r_.mark && columns_.contains(r_.acked_column)) {
+      if (!acked_index.empty()) {
+        Ok("unacked index", fmt::format("{} (partial, {} IS NULL)", acked_index, r_.acked_column));
+      } else {
+        Warn("unacked index",
+             fmt::format("no partial index on {} IS NULL: the backfill, the unacked-rows "
+                         "metric and the seed's runbook queries scan the whole table",
+                         r_.acked_column),
+             fmt::format("CREATE INDEX CONCURRENTLY idx_outbox_acked ON {} ({}) WHERE {} IS NULL;",
+                         r_.table_name.Quoted(), pg::QuoteIdent(r_.acked_column),
+                         pg::QuoteIdent(r_.acked_column)));
+      }
+    }
+  }
+
+  void Privileges() {
+    std::optional<std::string> params[] = {table_oid_};
+    auto res = conn_->ExecParams(
+        "SELECT has_table_privilege($1::oid, 'SELECT'), has_table_privilege($1::oid, 'UPDATE')",
+        params);
+    if (!res) {
+      Failed("table privileges", res.error().message, "");
+      return;
+    }
+    std::vector<std::string> missing;
+    if (!Bool(res->get(), 0, 0)) missing.push_back("SELECT");
+    if (r_.mark && !Bool(res->get(), 0, 1)) missing.push_back("UPDATE");
+    if (missing.empty()) {
+      Ok("table privileges",
+         r_.mark ? "SELECT (backfill, replay) and UPDATE (marking)" : "SELECT (backfill, replay)");
+    } else {
+      std::string list = fmt::format("{}", fmt::join(missing, ", "));
+      Failed("table privileges",
+             fmt::format("{} lacks {} on {}", role_, list, r_.table_name.ToString()),
+             fmt::format("GRANT {} ON {} TO {};", list, r_.table_name.Quoted(),
+                         pg::QuoteIdent(role_)));
+    }
+  }
+
+  void Publication() {
+    const std::string name = "publication " + r_.publication;
+    const std::string create_sql =
+        fmt::format("CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert');",
+                    pg::QuoteIdent(r_.publication), r_.table_name.Quoted());
+    std::optional<std::string> params[] = {r_.publication};
+    auto res = conn_->ExecParams(
+        "SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate FROM pg_publication "
+        "WHERE pubname = $1",
+        params);
+    if (!res) {
+      Failed(name, res.error().message, "");
+      return;
+    }
+    if (PQntuples(res->get()) == 0) {
+      if (superuser_ || (owns_table_ && can_create_in_db_)) {
+        Ok(name, fmt::format("does not exist; run creates it: {}", create_sql));
+      } else {
+        Failed(name,
+               fmt::format("does not exist, and {} cannot create it (it needs CREATE on the "
+                           "database and to own {})",
+                           role_, r_.table_name.ToString()),
+               fmt::format("as the table owner ({}) or a superuser: {}", table_owner_, create_sql));
+      }
+      return;
+    }
+    const PGresult* p = res->get();
+    bool all_tables = Bool(p, 0, 0);
+    bool insert = Bool(p, 0, 1);
+    std::vector<std::string> extra_ops;
+    if (Bool(p, 0, 2)) extra_ops.push_back("update");
+    if (Bool(p, 0, 3)) extra_ops.push_back("delete");
+    if (Bool(p, 0, 4)) extra_ops.push_back("truncate");
+
+    bool pg15 = version_num_ >= 150000;
+    auto tables = conn_->ExecParams(
+        pg15 ? "SELECT schemaname, tablename, attnames::text[], rowfilter FROM "
+               "pg_publication_tables WHERE pubname = $1"
+             : "SELECT schemaname, tablename, NULL::text[], NULL::text FROM pg_publication_tables "
+               "WHERE pubname = $1",
+        params);
+    if (!tables) {
+      Failed(name, tables.error().message, "");
+      return;
+    }
+    bool includes = false;
+    std::string attnames;
+    std::string rowfilter;
+    std::vector<std::string> others;
+    for (int i = 0; i < PQntuples(tables->get()); ++i) {
+      std::string schema = Str(tables->get(), i, 0);
+      std::string table = Str(tables->get(), i, 1);
+      if (schema == r_.table_name.schema && table == r_.table_name.name) {
+        includes = true;
+        attnames = Str(tables->get(), i, 2);
+        rowfilter = Str(tables->get(), i, 3);
+      } else {
+        others.push_back(schema + "." + table);
+      }
+    }
+    bool ok = true;
+    if (!includes) {
+      Failed(name, fmt::format("exists but does not include {}", r_.table_name.ToString()),
+             fmt::format("ALTER PUBLICATION {} ADD TABLE {};", pg::QuoteIdent(r_.publication),
+                         r_.table_name.Quoted()));
+      return;
+    }
+    if (!insert) {
+      ok = false;
+      Failed(name, "does not publish inserts: the relay would receive no rows",
+             fmt::format("ALTER PUBLICATION {} SET (publish = 'insert');",
+                         pg::QuoteIdent(r_.publication)));
+    }
+    if (!extra_ops.empty()) {
+      ok = false;
+      Warn(name,
+           fmt::format("also publishes {}: the relay ignores them, but every offset_acked "
+                       "marking UPDATE is then decoded and sent to it as well",
+                       fmt::join(extra_ops, ", ")),
+           fmt::format("ALTER PUBLICATION {} SET (publish = 'insert');",
+                       pg::QuoteIdent(r_.publication)));
+    }
+    if (all_tables || !others.empty()) {
+      ok = false;
+      std::string which =
+          all_tables
+              ? std::string("FOR ALL TABLES")
+              : fmt::format("{} other table(s): {}", others.size(),
+                            fmt::join(others.begin(),
+                                      others.begin() + std::min<size_t>(others.size(), 5), ", "));
+      Warn(name,
+           fmt::format("{}: their changes are decoded and streamed to the relay, which skips "
+                       "them",
+                       which),
+           fmt::format("give the relay its own publication: {} (and --publication)", create_sql));
+    }
+    if (!attnames.empty()) {
+      std::set<std::string> published = ParseTextArray(attnames);
+      for (const std::string* col : {&r_.columns.uuid, &r_.columns.payload, &r_.columns.metadata,
+                                     &r_.columns.transaction_id, &r_.columns.offset}) {
+        if (!published.contains(*col)) {
+          ok = false;
+          Failed(name, fmt::format("its column list {} leaves out '{}'", attnames, *col),
+                 fmt::format("ALTER PUBLICATION {} SET TABLE {};", pg::QuoteIdent(r_.publication),
+                             r_.table_name.Quoted()));
+          break;
+        }
+      }
+    }
+    if (!rowfilter.empty()) {
+      ok = false;
+      Warn(name,
+           fmt::format("has a row filter WHERE {}: rows it excludes are never published (but "
+                       "stay unacked)",
+                       rowfilter),
+           fmt::format("ALTER PUBLICATION {} SET TABLE {};", pg::QuoteIdent(r_.publication),
+                       r_.table_name.Quoted()));
+    }
+    if (ok) {
+      Ok(name, fmt::format("FOR TABLE {}, publish = insert", r_.table_name.ToString()));
+    }
+  }
+
+  void Slot() {
+    const std::string name = "slot " + r_.slot;
+    const bool reconcile = r_.on_slot_lost == "reconcile";
+    const std::string recovery =
+        reconcile ? "run (--on-slot-lost=reconcile) drops/recreates the slot and backfills every "
+                    "unacked row from the table (rows published but not yet marked are sent "
+                    "again: at least once)"
+                  : "run (--on-slot-lost=fail) exits with an error until the slot is recreated";
+    if (!slot_.exists) {
+      if (const SlotStateRow* created = slot_.FindState(kSlotCreatedStateKey)) {
+        Warn(name,
+             fmt::format("missing, but the relay created it at {} (outbox_relay.state): {}",
+                         created->value, recovery),
+             reconcile ? "nothing to do: run recovers; find out who dropped it"
+                       : "run once with --on-slot-lost=reconcile");
+      } else {
+        Ok(name, fmt::format("does not exist; run creates it{}",
+                             r_.backfill && r_.mark
+                                 ? " and first publishes the unacked rows committed before it"
+                                 : ""));
+      }
+      return;
+    }
+    if (slot_.plugin != "pgoutput") {
+      Failed(name, fmt::format("uses plugin {}, not pgoutput", slot_.plugin),
+             "choose another --slot (OUTBOX_SLOT), or drop this one if nothing else uses it");
+      return;
+    }
+    if (slot_.database != database_) {
+      Failed(name, fmt::format("belongs to database {}, not {}", slot_.database, database_),
+             "choose another --slot (OUTBOX_SLOT): logical slots are per database");
+      return;
+    }
+    std::string retained =
+        slot_.retained_bytes ? PrettyBytes(*slot_.retained_bytes) : std::string("unknown");
+    if (slot_.wal_status == "lost") {
+      Failed(name,
+             fmt::format("invalidated (wal_status = lost): the WAL it needed is gone "
+                         "(max_slot_wal_keep_size); {}",
+                         recovery),
+             reconcile ? "nothing is lost: start run and it recovers; raise "
+                         "max_slot_wal_keep_size to make this rarer"
+                       : "run once with --on-slot-lost=reconcile, or `outbox-relay slot drop "
+                         "--confirm` and start run");
+      return;
+    }
+    if (slot_.wal_status == "unreserved") {
+      Warn(name,
+           fmt::format("wal_status = unreserved: it retains {} of WAL, more than max_wal_size; it "
+                       "is invalidated at the next checkpoint beyond max_slot_wal_keep_size",
+                       retained),
+           "start the relay so it catches up, or raise max_slot_wal_keep_size");
+      return;
+    }
+    std::string detail = fmt::format(
+        "pgoutput, confirmed_flush_lsn {}, retains {} of WAL "
+        "(wal_status {})",
+        slot_.confirmed_flush_lsn.value_or("-"), retained, slot_.wal_status);
+    if (slot_.active) {
+      detail += fmt::format(
+          "; active, held by pid {}{}: another instance streams, this one "
+          "would wait as its hot standby",
+          slot_.active_pid.value_or(0), slot_.holder.empty() ? "" : " (" + slot_.holder + ")");
+    } else {
+      detail += "; inactive";
+    }
+    Ok(name, detail);
+  }
+
+  void RelaySchema() {
+    auto res = conn_->Exec(
+        "SELECT to_regnamespace('outbox_relay') IS NOT NULL, "
+        "to_regclass('outbox_relay.commits') IS NOT NULL, "
+        "to_regclass('outbox_relay.state') IS NOT NULL");
+    if (!res) {
+      Failed("schema outbox_relay", res.error().message, "");
+      return;
+    }
+    bool schema = Bool(res->get(), 0, 0);
+    bool tables = Bool(res->get(), 0, 1) && Bool(res->get(), 0, 2);
+    if (tables) {
+      auto priv = conn_->Exec(
+          "SELECT has_table_privilege('outbox_relay.commits', 'SELECT, INSERT') AND "
+          "has_table_privilege('outbox_relay.state', 'SELECT, INSERT, UPDATE, DELETE')");
+      if (!priv) {
+        Failed("schema outbox_relay", priv.error().message, "");
+      } else if (Bool(priv->get(), 0, 0)) {
+        Ok("schema outbox_relay", "commits (the replay index) and state exist and are writable");
+      } else {
+        Failed("schema outbox_relay",
+               fmt::format("{} cannot write outbox_relay.commits / outbox_relay.state", role_),
+               fmt::format("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "
+                           "outbox_relay TO {};",
+                           pg::QuoteIdent(role_)));
+      }
+      return;
+    }
+    bool creatable = superuser_;
+    if (!creatable && schema) {
+      auto priv = conn_->Exec("SELECT has_schema_privilege('outbox_relay', 'CREATE')");
+      creatable = priv && Bool(priv->get(), 0, 0);
+    } else if (!creatable) {
+      creatable = can_create_in_db_;
+    }
+    if (creatable) {
+      Ok("schema outbox_relay", schema ? "exists; run creates its tables"
+                                       : "does not exist; run creates it and its tables");
+    } else {
+      Failed("schema outbox_relay",
+             fmt::format("{} the relay's tables, and {} may not create them",
+                         schema ? "exists without" : "missing, with", role_),
+             fmt::format("as a superuser: CREATE SCHEMA IF NOT EXISTS outbox_relay AUTHORIZATION "
+                         "{};",
+                         pg::QuoteIdent(role_)));
+    }
+  }
+
+  // Topics of the event types in the newest rows (by the primary key), for
+  // the Kafka checks.
+  void SampleTopics() {
+    if (conn_ == nullptr || table_oid_.empty() || !all_columns_ok_ || c_.sample_rows_value <= 0) {
+      return;
+    }
+    auto tmpl = outbox::TopicTemplate::Compile(r_.mapper.topic_template);
+    if (!tmpl) return;  // Validate reported it
+    std::string sql = fmt::format(
+        "SELECT {meta} FROM {table} ORDER BY {xid} DESC, {off} DESC LIMIT {n}",
+        fmt::arg("meta", pg::QuoteIdent(r_.columns.metadata)),
+        fmt::arg("table", r_.table_name.Quoted()),
+        fmt::arg("xid", pg::QuoteIdent(r_.columns.transaction_id)),
+        fmt::arg("off", pg::QuoteIdent(r_.columns.offset)), fmt::arg("n", c_.sample_rows_value));
+    auto res = conn_->Exec(sql);
+    if (!res) {
+      Warn("recent rows", res.error().message, "");
+      return;
+    }
+    outbox::Metadata metadata;
+    std::string topic;
+    sampled_ = PQntuples(res->get());
+    for (int i = 0; i < sampled_; ++i) {
+      Status st = metadata.Parse(pg::GetValue(res->get(), i, 0));
+      if (st) st = tmpl->Render(metadata, &topic);
+      if (!st) {
+        if (poison_ == 0) first_poison_ = st.error().message;
+        ++poison_;
+        continue;
+      }
+      auto& entry = sample_topics_[topic];
+      ++entry.first;
+      entry.second.insert(std::string(metadata.Get("Event-Type").value_or("")));
+    }
+  }
+
+  // --- Kafka ------------------------------------------------------------------
+
+  void Kafka() {
+    if (r_.sink == "null") {
+      Warn("kafka", "--sink null: records go nowhere (benchmarks only)", "use --sink kafka");
+      return;
+    }
+    kafka::ProducerOptions opts{r_.kafka_brokers, r_.kafka_property_pairs, r_.create_topics,
+                                static_cast<int>(r_.topic_partitions),
+                                static_cast<int>(r_.topic_replication_factor)};
+    auto producer = kafka::KafkaProducer::Create(opts, [](const kafka::Delivery&) {});
+    if (!producer) {
+      Failed("kafka", producer.error().message,
+             "fix --kafka-property / OUTBOX_KAFKA_PROPERTIES (librdkafka property names)");
+      return;
+    }
+    rd_kafka_t* rk = (*producer)->handle();
+    const int timeout = static_cast<int>(c_.kafka_timeout_ms_value);
+    const rd_kafka_metadata_t* md = nullptr;
+    rd_kafka_resp_err_t err = rd_kafka_metadata(rk, 1, nullptr, &md, timeout);
+    if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+      Failed("kafka",
+             fmt::format("no broker of {} answered a metadata request within {} ms: {}",
+                         r_.kafka_brokers, timeout, rd_kafka_err2str(err)),
+             "check --kafka-brokers (KAFKA_BROKERS), the network, and the TLS/SASL properties "
+             "(--kafka-property)");
+      return;
+    }
+    KafkaView view;
+    view.reachable = true;
+    for (int i = 0; i < md->topic_cnt; ++i) {
+      if (md->topics[i].err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+        view.topics[md->topics[i].topic] = md->topics[i].partition_cnt;
+      }
+    }
+    int brokers = md->broker_cnt;
+    int32_t broker_id = brokers > 0 ? md->brokers[0].id : -1;
+    rd_kafka_metadata_destroy(md);
+    Ok("kafka", fmt::format("{} answered: {} broker(s), {} topics", r_.kafka_brokers, brokers,
+                            view.topics.size()));
+    if (broker_id >= 0) view.auto_create = AutoCreate(rk, broker_id, timeout);
+
+    if (r_.on_poison == "dlq") {
+      Topic(view, r_.dlq_topic, "dead-letter topic", "");
+    }
+    if (conn_ == nullptr || table_oid_.empty() || !all_columns_ok_) return;
+    if (sampled_ == 0) {
+      Ok("topics", "the table has no rows yet: no event types to check topics for");
+      return;
+    }
+    if (poison_ > 0) {
+      Warn("recent rows",
+           fmt::format("{} of the newest {} rows cannot be mapped to a topic and would be "
+                       "dead-lettered; first: {}",
+                       poison_, sampled_, first_poison_),
+           "fix those rows' metadata, or the --topic-template (OUTBOX_TOPIC_TEMPLATE)");
+    }
+    size_t shown = 0;
+    for (const auto& [topic, entry] : sample_topics_) {
+      if (++shown > 20) {
+        Ok("topics", fmt::format("… and {} more topics not listed", sample_topics_.size() - 20));
+        break;
+      }
+      std::string types;
+      for (const std::string& t : entry.second) {
+        if (!types.empty()) types += ", ";
+        types += t.empty() ? "(no Event-Type)" : t;
+      }
+      Topic(view, topic, "topic",
+            fmt::format(" ({} of the newest {} rows: {})", entry.first, sampled_, types));
+    }
+  }
+
+  void Topic(const KafkaView& view, const std::string& topic, const char* what,
+             const std::string& note) {
+    std::string name = fmt::format("{} {}", what, topic);
+    auto it = view.topics.find(topic);
+    if (it != view.topics.end()) {
+      Ok(name, fmt::format("exists, {} partitions{}", it->second, note));
+    } else if (r_.create_topics) {
+      Ok(name, fmt::format("does not exist; run creates it (--create-topics, {} partitions){}",
+                           r_.topic_partitions, note));
+    } else if (view.auto_create.value_or(false)) {
+      Warn(name,
+           fmt::format("does not exist; the broker creates it on first use "
+                       "(auto.create.topics.enable = true), with its default settings{}",
+                       note),
+           fmt::format("create it with the partitions and replication you want "
+                       "(kafka-topics.sh --create --topic {}), or run with --create-topics",
+                       topic));
+    } else {
+      Failed(name,
+             fmt::format("does not exist, and the broker does not create topics{}{}",
+                         view.auto_create ? " (auto.create.topics.enable = false)"
+                                          : " (auto.create.topics.enable unknown)",
+                         note),
+             fmt::format("create it (kafka-topics.sh --create --topic {}), or run with "
+                         "--create-topics",
+                         topic));
+    }
+  }
+
+  // The broker's auto.create.topics.enable (DescribeConfigs), or nullopt.
+  static std::optional<bool> AutoCreate(rd_kafka_t* rk, int32_t broker_id, int timeout) {
+    std::array<char, 512> errstr{};
+    std::string id = std::to_string(broker_id);
+    rd_kafka_ConfigResource_t* resource =
+        rd_kafka_ConfigResource_new(RD_KAFKA_RESOURCE_BROKER, id.c_str());
+    rd_kafka_queue_t* queue = rd_kafka_queue_new(rk);
+    rd_kafka_AdminOptions_t* opts =
+        rd_kafka_AdminOptions_new(rk, RD_KAFKA_ADMIN_OP_DESCRIBECONFIGS);
+    rd_kafka_AdminOptions_set_request_timeout(opts, timeout, errstr.data(), errstr.size());
+    rd_kafka_DescribeConfigs(rk, &resource, 1, opts, queue);
+    rd_kafka_event_t* ev = rd_kafka_queue_poll(queue, timeout + 1000);
+    std::optional<bool> out;
+    const rd_kafka_DescribeConfigs_result_t* result =
+        ev != nullptr ? rd_kafka_event_DescribeConfigs_result(ev) : nullptr;
+    if (result != nullptr && rd_kafka_event_error(ev) == RD_KAFKA_RESP_ERR_NO_ERROR) {
+      size_t count = 0;
+      const rd_kafka_ConfigResource_t** resources =
+          rd_kafka_DescribeConfigs_result_resources(result, &count);
+      for (size_t i = 0; i < count; ++i) {
+        size_t n = 0;
+        const rd_kafka_ConfigEntry_t** entries = rd_kafka_ConfigResource_configs(resources[i], &n);
+        for (size_t j = 0; j < n; ++j) {
+          if (std::string_view(rd_kafka_ConfigEntry_name(entries[j])) ==
+              "auto.create.topics.enable") {
+            const char* v = rd_kafka_ConfigEntry_value(entries[j]);
+            out = v != nullptr && std::string_view(v) == "true";
+          }
+        }
+      }
+    }
+    if (ev != nullptr) rd_kafka_event_destroy(ev);
+    rd_kafka_AdminOptions_destroy(opts);
+    rd_kafka_queue_destroy(queue);
+    rd_kafka_ConfigResource_destroy(resource);
+    return out;
+  }
+
+  const CheckConfig& c_;
+  const RelayConfig& r_;
+  std::vector<CheckResult> out_;
+  pg::Connection* conn_ = nullptr;
+  int64_t version_num_ = 0;
+  std::string database_;
+  std::string role_;
+  bool superuser_ = false;
+  bool can_create_in_db_ = false;
+  SlotReport slot_;
+  std::string table_oid_;
+  std::string table_owner_;
+  bool owns_table_ = false;
+  std::map<std::string, Column> columns_;
+  bool all_columns_ok_ = true;
+  int sampled_ = 0;
+  int poison_ = 0;
+  std::string first_poison_;
+  std::map<std::string, std::pair<int, std::set<std::string>>> sample_topics_;
+};
+
+}  // namespace
+
+void AddCheckFlags(CLI::App& app, CheckConfig& c) {
+  AddRunFlags(app, c.relay);
+  AddLogFlags(app, c.relay.log);
+  app.add_option("--output", c.output, "Output format: text or json")
+      ->envname("OUTBOX_OUTPUT")
+      ->capture_default_str();
+  app.add_option("--kafka-timeout-ms", c.kafka_timeout_ms,
+                 "How long to wait for a broker to answer the metadata request")
+      ->envname("OUTBOX_CHECK_KAFKA_TIMEOUT_MS")
+      ->type_name("INT")
+      ->capture_default_str();
+  app.add_option("--sample-rows", c.sample_rows,
+                 "Newest rows whose event types' topics are checked (0: none)")
+      ->envname("OUTBOX_CHECK_SAMPLE_ROWS")
+      ->type_name("INT")
+      ->capture_default_str();
+}
+
+std::vector<CheckResult> RunChecks(const CheckConfig& config) { return Checker(config).Run(); }
+
+std::string FormatChecksText(const std::vector<CheckResult>& results) {
+  std::string out;
+  int counts[3] = {0, 0, 0};
+  for (const CheckResult& r : results) {
+    ++counts[static_cast<int>(r.status)];
+    fmt::format_to(std::back_inserter(out), "{:<5} {}: {}\n", CheckStatusName(r.status), r.name,
+                   r.detail);
+    if (r.status != CheckStatus::kOk && !r.fix.empty()) {
+      fmt::format_to(std::back_inserter(out), "      fix: {}\n", r.fix);
+    }
+  }
+  fmt::format_to(std::back_inserter(out), "check: {} FAIL, {} WARN, {} OK\n", counts[2], counts[1],
+                 counts[0]);
+  return out;
+}
+
+std::string FormatChecksJson(const std::vector<CheckResult>& results) {
+  int counts[3] = {0, 0, 0};
+  std::string checks;
+  for (const CheckResult& r : results) {
+    ++counts[static_cast<int>(r.status)];
+    if (!checks.empty()) checks += ",";
+    fmt::format_to(std::back_inserter(checks), "{{\"status\":{},\"check\":{},\"detail\":{}",
+                   JsonQuote(CheckStatusName(r.status)), JsonQuote(r.name), JsonQuote(r.detail));
+    if (!r.fix.empty()) fmt::format_to(std::back_inserter(checks), ",\"fix\":{}", JsonQuote(r.fix));
+    checks += "}";
+  }
+  return fmt::format("{{\"ok\":{},\"fail\":{},\"warn\":{},\"checks\":[{}]}}\n",
+                     counts[2] == 0 ? "true" : "false", counts[2], counts[1], checks);
+}
+
+int CheckCommand(CheckConfig& c) {
+  SetupLogging(c.relay.log);
+  if (auto st = Validate(c.relay); !st) {
+    spdlog::error("{}", st.error().message);
+    return kExitConfig;
+  }
+  if (c.output != "text" && c.output != "json") {
+    spdlog::error("{}", BadSetting("--output", "OUTBOX_OUTPUT",
+                                   fmt::format("'{}': use text or json", c.output))
+                            .error()
+                            .message);
+    return kExitConfig;
+  }
+  auto timeout = ParseIntSetting(c.kafka_timeout_ms, "--kafka-timeout-ms",
+                                 "OUTBOX_CHECK_KAFKA_TIMEOUT_MS", 100, 600'000);
+  auto sample =
+      ParseIntSetting(c.sample_rows, "--sample-rows", "OUTBOX_CHECK_SAMPLE_ROWS", 0, 1'000'000);
+  for (const auto* r : {&timeout, &sample}) {
+    if (!*r) {
+      spdlog::error("{}", r->error().message);
+      return kExitConfig;
+    }
+  }
+  c.kafka_timeout_ms_value = *timeout;
+  c.sample_rows_value = *sample;
+  std::vector<CheckResult> results = RunChecks(c);
+  std::string text = c.output == "json" ? FormatChecksJson(results) : FormatChecksText(results);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+  bool failed = std::any_of(results.begin(), results.end(),
+                            [](const CheckResult& r) { return r.status == CheckStatus::kFail; });
+  return failed ? kExitFailure : kExitOk;
+}
+
+}  // namespace outbox_relay::app

@@ -1,0 +1,655 @@
+#include "outbox_relay/app/replay.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <charconv>
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <cstdio>
+#include <deque>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "outbox_relay/app/commands.h"
+#include "outbox_relay/app/logging.h"
+#include "outbox_relay/kafka/producer.h"
+#include "outbox_relay/outbox/record.h"
+#include "outbox_relay/pg/connection.h"
+
+namespace outbox_relay::app {
+
+pgoutput::Relation RelationFromResult(const PGresult* res) {
+  pgoutput::Relation relation;
+  const int n = PQnfields(res);
+  relation.columns.reserve(static_cast<size_t>(n));
+  for (int col = 0; col < n; ++col) {
+    relation.columns.push_back(
+        {0, PQfname(res, col), static_cast<pgoutput::Oid>(PQftype(res, col)), PQfmod(res, col)});
+  }
+  return relation;
+}
+
+void TupleFromResult(const PGresult* res, int row, pgoutput::TupleData* out) {
+  const int n = PQnfields(res);
+  out->values.resize(static_cast<size_t>(n));
+  for (int col = 0; col < n; ++col) {
+    auto v = pg::GetValue(res, row, col);
+    out->values[static_cast<size_t>(col)] =
+        v ? pgoutput::TupleValue{pgoutput::TupleValue::Kind::kText, *v} : pgoutput::TupleValue{};
+  }
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+std::atomic<bool> g_replay_stop{false};
+
+void OnReplaySignal(int) {
+  if (g_replay_stop.exchange(true)) {
+    constexpr char kMsg[] = "second signal: exiting at once\n";
+    (void)!write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
+    _exit(130);
+  }
+}
+
+void InstallReplaySignalHandlers() {
+  struct sigaction sa {};
+  sa.sa_handler = OnReplaySignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+}
+
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+int64_t ToInt(std::optional<std::string_view> v) {
+  int64_t n = 0;
+  if (v) std::from_chars(v->data(), v->data() + v->size(), n);
+  return n;
+}
+
+// One transaction being replayed: how many of its records still wait for a
+// delivery report. Lives in a deque (stable addresses) as the records' opaque.
+struct PendingTx {
+  Lsn commit_lsn;
+  int64_t outstanding = 0;
+  bool failed = false;
+};
+
+// Shared between the producing thread and the producer's delivery thread.
+struct DeliveryState {
+  std::mutex mu;
+  std::condition_variable progress;
+  std::deque<PendingTx> window;  // commit order; the fully delivered prefix is popped
+  int64_t reported = 0;
+  int64_t delivered = 0;
+  int64_t failed = 0;
+  std::string first_failure;
+
+  void OnDelivery(const kafka::Delivery& d) {
+    std::lock_guard lock(mu);
+    auto* tx = static_cast<PendingTx*>(d.opaque);
+    --tx->outstanding;
+    ++reported;
+    if (d.error) {
+      ++failed;
+      tx->failed = true;
+      if (first_failure.empty()) {
+        first_failure =
+            fmt::format("{} (topic {}, commit {})", d.error->message, d.topic, tx->commit_lsn);
+      }
+    } else {
+      ++delivered;
+    }
+    progress.notify_all();
+  }
+
+  // Drops the fully delivered transactions at the front (keeps the last one:
+  // it may still be receiving records).
+  void PopDeliveredLocked() {
+    while (window.size() > 1 && window.front().outstanding == 0 && !window.front().failed) {
+      window.pop_front();
+    }
+  }
+};
+
+struct Range {
+  std::string predicate;  // over c (outbox_relay.commits), params $2 and $3
+  std::string from;
+  std::string to;
+  std::string text;  // for people
+};
+
+Result<Range> ResolveRange(pg::Connection& conn, const ReplayConfig& c) {
+  Range r;
+  if (!c.by_time) {
+    r.predicate = "c.commit_lsn BETWEEN $2::pg_lsn AND $3::pg_lsn";
+    r.from = c.from.ToString();
+    r.to = c.to.ToString();
+    r.text = fmt::format("commit_lsn {} .. {}", r.from, c.to_lsn.empty() ? "end" : r.to);
+    return r;
+  }
+  // The server parses the times: anything timestamptz accepts, in the
+  // session's time zone when none is given.
+  auto parse = [&](const std::string& text, const char* flag,
+                   const char* env) -> Result<std::string> {
+    std::optional<std::string> params[] = {text};
+    auto res = conn.ExecParams("SELECT $1::timestamptz::text", params);
+    if (!res) {
+      return BadSetting(flag, env,
+                        fmt::format("'{}' is not a timestamp PostgreSQL accepts ({})", text,
+                                    res.error().message));
+    }
+    return std::string(*pg::GetValue(res->get(), 0, 0));
+  };
+  auto from = parse(c.from_time, "--from-time", "OUTBOX_REPLAY_FROM_TIME");
+  if (!from) return std::unexpected(from.error());
+  auto to = parse(c.to_time.empty() ? std::string("infinity") : c.to_time, "--to-time",
+                  "OUTBOX_REPLAY_TO_TIME");
+  if (!to) return std::unexpected(to.error());
+  r.predicate = "c.commit_time BETWEEN $2::timestamptz AND $3::timestamptz";
+  r.from = *from;
+  r.to = *to;
+  r.text = fmt::format("commit_time {} .. {}", r.from, c.to_time.empty() ? "end" : r.to);
+  return r;
+}
+
+// The range as the index has it, and what cleanup already took from it.
+Status Survey(pg::Connection& conn, const ReplayConfig& c, const Range& range,
+              ReplayReport* report) {
+  std::string sql = fmt::format(
+      "SELECT count(*), coalesce(sum(t.row_count), 0), coalesce(sum(t.found), 0),"
+      " count(*) FILTER (WHERE t.found < t.row_count),"
+      " coalesce(sum(GREATEST(t.row_count - t.found, 0)), 0),"
+      " min(t.commit_lsn)::text, max(t.commit_lsn)::text,"
+      " min(t.commit_time)::text, max(t.commit_time)::text"
+      " FROM (SELECT c.commit_lsn, c.commit_time, c.row_count,"
+      "  (SELECT count(*) FROM {table} o WHERE o.{xid} = ANY(c.transaction_ids)) AS found"
+      "  FROM outbox_relay.commits c WHERE c.slot_name = $1 AND {range}) t",
+      fmt::arg("table", c.relay.table_name.Quoted()),
+      fmt::arg("xid", pg::QuoteIdent(c.relay.columns.transaction_id)),
+      fmt::arg("range", range.predicate));
+  std::optional<std::string> params[] = {c.relay.slot, range.from, range.to};
+  auto res = conn.ExecParams(sql, params);
+  if (!res) return std::unexpected(res.error());
+  const PGresult* r = res->get();
+  report->transactions = ToInt(pg::GetValue(r, 0, 0));
+  report->indexed_rows = ToInt(pg::GetValue(r, 0, 1));
+  report->rows_found = ToInt(pg::GetValue(r, 0, 2));
+  report->transactions_missing = ToInt(pg::GetValue(r, 0, 3));
+  report->rows_missing = ToInt(pg::GetValue(r, 0, 4));
+  report->first_commit_lsn = pg::GetValue(r, 0, 5).value_or("-");
+  report->last_commit_lsn = pg::GetValue(r, 0, 6).value_or("-");
+  report->first_commit_time = pg::GetValue(r, 0, 7).value_or("-");
+  report->last_commit_time = pg::GetValue(r, 0, 8).value_or("-");
+
+  // Where the slot's index starts: commits before it were pruned by cleanup
+  // (or happened before the relay ran).
+  std::optional<std::string> slot_param[] = {c.relay.slot};
+  auto oldest = conn.ExecParams(
+      "SELECT commit_lsn::text, commit_time::text FROM outbox_relay.commits WHERE slot_name = $1 "
+      "ORDER BY commit_lsn LIMIT 1",
+      slot_param);
+  if (!oldest) return std::unexpected(oldest.error());
+  if (PQntuples(oldest->get()) == 0) {
+    spdlog::warn("replay: the commit index has no transactions of slot {} at all", c.relay.slot);
+  } else {
+    spdlog::info(
+        "replay: the index of slot {} starts at commit {} ({}); older transactions were "
+        "pruned by cleanup or precede the relay",
+        c.relay.slot, *pg::GetValue(oldest->get(), 0, 0), *pg::GetValue(oldest->get(), 0, 1));
+  }
+  return Ok();
+}
+
+Result<outbox::ColumnMap> CheckTable(pg::Connection& conn, const ReplayConfig& c) {
+  std::optional<std::string> params[] = {c.relay.table_name.Quoted()};
+  auto exists = conn.ExecParams(
+      "SELECT to_regclass($1) IS NOT NULL, to_regclass('outbox_relay.commits') IS NOT NULL",
+      params);
+  if (!exists) return std::unexpected(exists.error());
+  if (pg::GetValue(exists->get(), 0, 0) != "t") {
+    return BadSetting("--table", "OUTBOX_TABLE",
+                      fmt::format("table {} does not exist", c.relay.table_name.ToString()));
+  }
+  if (pg::GetValue(exists->get(), 0, 1) != "t") {
+    return Fail(ErrorCode::kFatal,
+                "there is no commit index (outbox_relay.commits): the relay never published "
+                "from this database, so there is nothing to replay");
+  }
+  auto probe = conn.Exec(fmt::format("SELECT * FROM {} LIMIT 0", c.relay.table_name.Quoted()));
+  if (!probe) return std::unexpected(probe.error());
+  return outbox::ColumnMap::Resolve(RelationFromResult(probe->get()), c.relay.columns);
+}
+
+class Replayer {
+ public:
+  Replayer(const ReplayConfig& config, pg::Connection& conn, ReplayReport* report)
+      : c_(config), conn_(conn), report_(report) {}
+
+  Status Run(const Range& range) {
+    auto mapper = outbox::RecordMapper::Create(c_.relay.mapper);
+    if (!mapper) return std::unexpected(mapper.error());
+    mapper_.emplace(std::move(*mapper));
+    if (!c_.dry_run) {
+      if (auto st = StartSink(); !st) return st;
+    }
+    started_ = Clock::now();
+    last_progress_ = started_;
+    Status st = ReadAndProduce(range);
+    if (!c_.dry_run) {
+      Status drained = Drain();
+      if (st && !drained) st = drained;
+    }
+    sink_.reset();  // joins the delivery thread before the state goes
+    report_->seconds = SecondsSince(started_);
+    std::lock_guard lock(state_.mu);
+    report_->delivered = state_.delivered;
+    report_->failed = state_.failed;
+    report_->first_failure = state_.first_failure;
+    report_->resume_from = ResumePointLocked();
+    return st;
+  }
+
+ private:
+  Status StartSink() {
+    auto on_delivery = [this](const kafka::Delivery& d) { state_.OnDelivery(d); };
+    if (c_.relay.sink == "null") {
+      sink_ = std::make_unique<kafka::NullSink>(on_delivery);
+      return Ok();
+    }
+    kafka::ProducerOptions opts{c_.relay.kafka_brokers, c_.relay.kafka_property_pairs,
+                                c_.relay.create_topics, static_cast<int>(c_.relay.topic_partitions),
+                                static_cast<int>(c_.relay.topic_replication_factor)};
+    auto producer = kafka::KafkaProducer::Create(opts, on_delivery);
+    if (!producer) return std::unexpected(producer.error());
+    if (auto st = (*producer)->CheckConnection(milliseconds(10000)); !st) {
+      return Fail(ErrorCode::kTransient, "Kafka is not reachable at {}: {}", c_.relay.kafka_brokers,
+                  st.error().message);
+    }
+    sink_ = std::move(*producer);
+    return Ok();
+  }
+
+  Status ReadAndProduce(const Range& range) {
+    const auto& cols = c_.relay.columns;
+    std::string sql = fmt::format(
+        "SELECT c.commit_lsn::text AS outbox_replay_commit_lsn, o.*"
+        " FROM outbox_relay.commits c JOIN {table} o ON o.{xid} = ANY(c.transaction_ids)"
+        " WHERE c.slot_name = $1 AND {range}"
+        " AND c.commit_lsn >= $4::pg_lsn AND (c.commit_lsn, o.{off}) > ($4::pg_lsn, $5::bigint)"
+        " ORDER BY c.commit_lsn, o.{off} LIMIT $6::bigint",
+        fmt::arg("table", c_.relay.table_name.Quoted()),
+        fmt::arg("xid", pg::QuoteIdent(cols.transaction_id)),
+        fmt::arg("off", pg::QuoteIdent(cols.offset)), fmt::arg("range", range.predicate));
+    std::optional<std::string> params[] = {c_.relay.slot,
+                                           range.from,
+                                           range.to,
+                                           std::string("0/0"),
+                                           std::to_string(std::numeric_limits<int64_t>::min()),
+                                           std::to_string(c_.page_rows_value)};
+    pgoutput::TupleData tuple;
+    while (true) {
+      auto res = conn_.ExecParams(sql, params);
+      if (!res) return std::unexpected(res.error());
+      const PGresult* r = res->get();
+      const int n = PQntuples(r);
+      if (n == 0) break;
+      auto columns = outbox::ColumnMap::Resolve(RelationFromResult(r), cols);
+      if (!columns) return std::unexpected(columns.error());
+      for (int i = 0; i < n; ++i) {
+        if (g_replay_stop.load() || Failed()) return Ok();
+        auto lsn = Lsn::Parse(*pg::GetValue(r, i, 0));
+        if (!lsn) return std::unexpected(lsn.error());
+        TupleFromResult(r, i, &tuple);
+        if (auto st = Replay(*columns, tuple, *lsn); !st) return st;
+      }
+      params[3] = std::string(*pg::GetValue(r, n - 1, 0));
+      params[4] = std::string(*pg::GetValue(r, n - 1, columns->offset));
+      if (n < c_.page_rows_value) break;
+    }
+    current_complete_ = true;
+    return Ok();
+  }
+
+  Status Replay(const outbox::ColumnMap& columns, const pgoutput::TupleData& row, Lsn commit_lsn) {
+    if (commit_lsn != current_lsn_) {
+      current_lsn_ = commit_lsn;
+      lsn_text_ = commit_lsn.ToString();
+      if (!c_.dry_run) {
+        std::lock_guard lock(state_.mu);
+        state_.PopDeliveredLocked();
+        state_.window.push_back(PendingTx{commit_lsn});
+      }
+    }
+    auto mapped = mapper_->Map(columns, row, commit_lsn);
+    if (!mapped) return std::unexpected(mapped.error());
+    if (mapped->poison) {
+      SkipPoison(mapped->identity, commit_lsn, mapped->poison->message);
+      return Ok();
+    }
+    const outbox::KafkaRecord& original = *mapped->record;
+    record_.topic = original.topic;
+    record_.key = original.key;
+    record_.value = original.value;
+    record_.event_type = original.event_type;
+    record_.headers.assign(original.headers.begin(), original.headers.end());
+    record_.headers.emplace_back(kReplayHeader, "true");
+    record_.headers.emplace_back(kReplayCommitLsnHeader, lsn_text_);
+    if (!c_.dry_run) {
+      auto st = Produce(record_);
+      if (!st) {
+        if (st.error().code != ErrorCode::kPoison) return st;
+        SkipPoison(mapped->identity, commit_lsn, st.error().message);
+        return Ok();
+      }
+    }
+    ReplayCounts& counts = report_->topics[std::string(original.topic)];
+    ++counts.rows;
+    ++counts.event_types[std::string(original.event_type)];
+    ++report_->produced;
+    LogProgress(false);
+    return Ok();
+  }
+
+  void SkipPoison(const outbox::RowIdentity& id, Lsn commit_lsn, const std::string& why) {
+    ++report_->poison_skipped;
+    spdlog::warn(
+        "replay: skipping poison row transaction_id={} offset={} uuid='{}' (commit {}): "
+        "{}; the original run dead-lettered it",
+        id.transaction_id, id.offset, id.uuid, commit_lsn, why);
+  }
+
+  Status Produce(const outbox::KafkaRecord& record) {
+    PendingTx* tx = nullptr;
+    {
+      std::unique_lock lock(state_.mu);
+      // Bounded in flight: wait for delivery reports before producing more.
+      while (report_->produced - state_.reported >= c_.relay.max_in_flight && state_.failed == 0 &&
+             !g_replay_stop.load()) {
+        state_.progress.wait_for(lock, milliseconds(100));
+      }
+      tx = &state_.window.back();
+      ++tx->outstanding;
+    }
+    while (true) {
+      auto accepted = sink_->Produce(record, tx);
+      if (accepted && *accepted == kafka::Sink::Accepted::kQueued) return Ok();
+      if (!accepted) {
+        std::lock_guard lock(state_.mu);
+        --tx->outstanding;
+        return std::unexpected(accepted.error());
+      }
+      // The producer's queue is full: its delivery thread makes room.
+      std::unique_lock lock(state_.mu);
+      state_.progress.wait_for(lock, milliseconds(10));
+    }
+  }
+
+  bool Failed() {
+    if (c_.dry_run) return false;
+    std::lock_guard lock(state_.mu);
+    return state_.failed > 0;
+  }
+
+  // Waits for every delivery report (an interrupt waits at most 10 s more).
+  Status Drain() {
+    auto interrupted_at = std::optional<Clock::time_point>();
+    while (true) {
+      {
+        std::lock_guard lock(state_.mu);
+        if (state_.reported >= report_->produced) break;
+      }
+      if (g_replay_stop.load()) {
+        if (!interrupted_at) interrupted_at = Clock::now();
+        if (Clock::now() - *interrupted_at > std::chrono::seconds(10)) break;
+      }
+      if (auto st = sink_->Flush(milliseconds(500)); !st) {
+        spdlog::debug("replay: flush: {}", st.error().message);
+      }
+      LogProgress(true);
+    }
+    return Ok();
+  }
+
+  // Every transaction before the returned LSN was delivered in full.
+  Lsn ResumePointLocked() const {
+    for (const PendingTx& tx : state_.window) {
+      if (tx.outstanding > 0 || tx.failed) return tx.commit_lsn;
+    }
+    if (!current_complete_ && current_lsn_.valid()) return current_lsn_;
+    return kInvalidLsn;  // nothing left
+  }
+
+  void LogProgress(bool draining) {
+    auto now = Clock::now();
+    if (now - last_progress_ < std::chrono::seconds(5)) return;
+    last_progress_ = now;
+    double secs = SecondsSince(started_);
+    int64_t delivered = 0;
+    {
+      std::lock_guard lock(state_.mu);
+      delivered = state_.delivered;
+    }
+    spdlog::info("replay: {} {} rows, {} delivered, {:.0f} rows/s; {} commit {}",
+                 c_.dry_run ? "counted" : "published", report_->produced, delivered,
+                 secs > 0 ? static_cast<double>(report_->produced) / secs : 0.0,
+                 draining ? "waiting for delivery reports, last" : "at", current_lsn_);
+  }
+
+  const ReplayConfig& c_;
+  pg::Connection& conn_;
+  ReplayReport* report_;
+  std::optional<outbox::RecordMapper> mapper_;
+  DeliveryState state_;
+  std::unique_ptr<kafka::Sink> sink_;
+  outbox::KafkaRecord record_;
+  Lsn current_lsn_;
+  std::string lsn_text_;
+  bool current_complete_ = false;
+  Clock::time_point started_;
+  Clock::time_point last_progress_;
+};
+
+void PrintSummary(const ReplayConfig& c, const Range& range, const ReplayReport& r) {
+  std::printf("replay%s: slot %s, %s\n", c.dry_run ? " (dry run)" : "", c.relay.slot.c_str(),
+              range.text.c_str());
+  if (r.transactions == 0) {
+    std::printf("replay: no transactions of slot %s in range in outbox_relay.commits\n",
+                c.relay.slot.c_str());
+  } else {
+    std::printf(
+        "replay: %lld transactions in range (commit_lsn %s .. %s, commit_time %s .. %s), "
+        "%lld rows indexed, %lld still in the table\n",
+        static_cast<long long>(r.transactions), r.first_commit_lsn.c_str(),
+        r.last_commit_lsn.c_str(), r.first_commit_time.c_str(), r.last_commit_time.c_str(),
+        static_cast<long long>(r.indexed_rows), static_cast<long long>(r.rows_found));
+  }
+  std::printf(
+      "replay: %lld of %lld transactions in range have rows deleted by cleanup (%lld rows "
+      "missing)\n",
+      static_cast<long long>(r.transactions_missing), static_cast<long long>(r.transactions),
+      static_cast<long long>(r.rows_missing));
+  for (const auto& [topic, counts] : r.topics) {
+    std::string types;
+    for (const auto& [type, n] : counts.event_types) {
+      if (!types.empty()) types += ", ";
+      types += fmt::format("{} {}", type.empty() ? "(no Event-Type)" : type, n);
+    }
+    std::printf("  topic %s: %lld rows (%s)\n", topic.c_str(), static_cast<long long>(counts.rows),
+                types.c_str());
+  }
+  if (c.dry_run) {
+    std::printf("replay (dry run): would publish %lld rows; %lld poison rows would be skipped\n",
+                static_cast<long long>(r.produced), static_cast<long long>(r.poison_skipped));
+  } else {
+    double rate = r.seconds > 0 ? static_cast<double>(r.produced) / r.seconds : 0.0;
+    std::printf(
+        "replay: published %lld rows: %lld delivered, %lld failed, %lld poison rows "
+        "skipped, in %.2f s (%.0f rows/s)\n",
+        static_cast<long long>(r.produced), static_cast<long long>(r.delivered),
+        static_cast<long long>(r.failed), static_cast<long long>(r.poison_skipped), r.seconds,
+        rate);
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+void AddReplayFlags(CLI::App& app, ReplayConfig& c) {
+  AddRunFlags(app, c.relay);
+  AddLogFlags(app, c.relay.log);
+  app.add_option("--from-lsn", c.from_lsn,
+                 "Replay transactions whose commit LSN is >= this (X/Y, as pg_lsn prints it)")
+      ->envname("OUTBOX_REPLAY_FROM_LSN");
+  app.add_option("--to-lsn", c.to_lsn, "... and <= this (default: to the end of the index)")
+      ->envname("OUTBOX_REPLAY_TO_LSN");
+  app.add_option("--from-time", c.from_time,
+                 "Replay transactions committed at or after this time (ISO-8601, or anything "
+                 "PostgreSQL's timestamptz accepts)")
+      ->envname("OUTBOX_REPLAY_FROM_TIME");
+  app.add_option("--to-time", c.to_time, "... and at or before this time (default: no end)")
+      ->envname("OUTBOX_REPLAY_TO_TIME");
+  app.add_flag("--dry-run", c.dry_run, "Count the rows per topic and event type; produce nothing")
+      ->envname("OUTBOX_REPLAY_DRY_RUN");
+  app.add_option("--page-rows", c.page_rows, "Rows read per query (memory stays bounded by it)")
+      ->envname("OUTBOX_REPLAY_PAGE_ROWS")
+      ->type_name("INT")
+      ->capture_default_str();
+  app.footer(
+      "Replay re-publishes, in original commit order, the rows (still in the table) of the\n"
+      "transactions that the commit-LSN index (outbox_relay.commits) lists for --slot in the\n"
+      "range, with their original UUIDs and the same record contract as `run` (the mapping and\n"
+      "Kafka flags above apply; the streaming-only ones are ignored). Each record gets two\n"
+      "extra headers after the contract's:\n"
+      "  outbox_replay             = \"true\"\n"
+      "  outbox_replay_commit_lsn  = the transaction's commit LSN, \"X/Y\"\n"
+      "offset_acked and the index are never changed. Poison rows are skipped with a warning and\n"
+      "counted (the original run already dead-lettered them; --on-poison/--dlq-* do not apply).\n"
+      "It reports how much of the range cleanup already deleted. Exit 1 if any record was not\n"
+      "delivered (the message says how many were and the --from-lsn to continue from).");
+}
+
+Status ValidateReplay(ReplayConfig& c) {
+  // A dry run needs no Kafka.
+  std::string sink = c.relay.sink;
+  if (c.dry_run) c.relay.sink = "null";
+  Status st = Validate(c.relay);
+  c.relay.sink = sink;
+  if (!st) return st;
+
+  const bool by_lsn = !c.from_lsn.empty();
+  c.by_time = !c.from_time.empty();
+  if (!by_lsn && !c.by_time) {
+    return BadSetting("--from-lsn", "OUTBOX_REPLAY_FROM_LSN",
+                      "required (or --from-time): the range of transactions to replay");
+  }
+  if (by_lsn && c.by_time) {
+    return BadSetting("--from-time", "OUTBOX_REPLAY_FROM_TIME",
+                      "use either --from-lsn/--to-lsn or --from-time/--to-time, not both");
+  }
+  if (by_lsn && !c.to_time.empty()) {
+    return BadSetting("--to-time", "OUTBOX_REPLAY_TO_TIME",
+                      "goes with --from-time, not --from-lsn");
+  }
+  if (c.by_time && !c.to_lsn.empty()) {
+    return BadSetting("--to-lsn", "OUTBOX_REPLAY_TO_LSN", "goes with --from-lsn, not --from-time");
+  }
+  if (by_lsn) {
+    auto from = Lsn::Parse(c.from_lsn);
+    if (!from) return BadSetting("--from-lsn", "OUTBOX_REPLAY_FROM_LSN", from.error().message);
+    c.from = *from;
+    if (!c.to_lsn.empty()) {
+      auto to = Lsn::Parse(c.to_lsn);
+      if (!to) return BadSetting("--to-lsn", "OUTBOX_REPLAY_TO_LSN", to.error().message);
+      c.to = *to;
+      if (c.to < c.from) {
+        return BadSetting("--to-lsn", "OUTBOX_REPLAY_TO_LSN",
+                          fmt::format("{} is before --from-lsn {}", c.to_lsn, c.from_lsn));
+      }
+    }
+  }
+  auto page = ParseIntSetting(c.page_rows, "--page-rows", "OUTBOX_REPLAY_PAGE_ROWS", 1, 1'000'000);
+  if (!page) return std::unexpected(page.error());
+  c.page_rows_value = *page;
+  return Ok();
+}
+
+int ReplayCommand(ReplayConfig& c) {
+  SetupLogging(c.relay.log);
+  if (auto st = ValidateReplay(c); !st) {
+    spdlog::error("{}", st.error().message);
+    return kExitConfig;
+  }
+  InstallReplaySignalHandlers();
+  auto conn = pg::Connection::Open(c.relay.database_url, pg::Connection::Mode::kNormal,
+                                   "outbox-relay-replay");
+  if (!conn) {
+    spdlog::error("replay: {}", conn.error().message);
+    return kExitFailure;
+  }
+  auto columns = CheckTable(*conn, c);
+  if (!columns) {
+    spdlog::error("replay: {}", columns.error().message);
+    return ExitCodeOf(columns.error());
+  }
+  auto range = ResolveRange(*conn, c);
+  if (!range) {
+    spdlog::error("{}", range.error().message);
+    return ExitCodeOf(range.error());
+  }
+  ReplayReport report;
+  if (auto st = Survey(*conn, c, *range, &report); !st) {
+    spdlog::error("replay: {}", st.error().message);
+    return kExitFailure;
+  }
+  spdlog::info(
+      "replay{}: slot {}, {}: {} transactions, {} rows still in the table; {} of them "
+      "have rows deleted by cleanup ({} rows missing)",
+      c.dry_run ? " (dry run)" : "", c.relay.slot, range->text, report.transactions,
+      report.rows_found, report.transactions_missing, report.rows_missing);
+
+  Replayer replayer(c, *conn, &report);
+  Status st = replayer.Run(*range);
+  report.interrupted = g_replay_stop.load();
+  PrintSummary(c, *range, report);
+  if (!st) {
+    spdlog::error("replay failed after {} of {} rows were delivered: {}", report.delivered,
+                  report.produced, st.error().message);
+  }
+  if (report.failed > 0) {
+    spdlog::error("replay: {} of {} records were not delivered (first: {}); {} were delivered",
+                  report.failed, report.produced, report.first_failure, report.delivered);
+  }
+  if (report.interrupted) {
+    spdlog::error("replay interrupted: {} of {} produced rows delivered", report.delivered,
+                  report.produced);
+  }
+  if (!st || report.failed > 0 || report.interrupted ||
+      (!c.dry_run && report.delivered < report.produced)) {
+    if (report.resume_from.valid()) {
+      spdlog::error(
+          "every transaction before commit {} was delivered in full: rerun with "
+          "--from-lsn {} --to-lsn {} to continue",
+          report.resume_from, report.resume_from, report.last_commit_lsn);
+    }
+    return st ? kExitFailure : ExitCodeOf(st.error());
+  }
+  if (report.poison_skipped > 0) {
+    spdlog::warn("replay: {} poison rows skipped (see the warnings above)", report.poison_skipped);
+  }
+  return kExitOk;
+}
+
+}  // namespace outbox_relay::app

@@ -1,0 +1,349 @@
+#include "outbox_relay/app/slot_command.h"
+
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <charconv>
+#include <cstdio>
+
+#include "outbox_relay/app/commands.h"
+#include "outbox_relay/app/logging.h"
+
+namespace outbox_relay::app {
+
+namespace {
+
+std::optional<std::string> Text(const PGresult* r, int row, int col) {
+  auto v = pg::GetValue(r, row, col);
+  if (!v) return std::nullopt;
+  return std::string(*v);
+}
+
+std::optional<int64_t> Int(const PGresult* r, int row, int col) {
+  auto v = pg::GetValue(r, row, col);
+  if (!v) return std::nullopt;
+  int64_t n = 0;
+  std::from_chars(v->data(), v->data() + v->size(), n);
+  return n;
+}
+
+void AddCommonFlags(CLI::App& app, SlotCommandConfig& c) {
+  app.add_option("--database-url", c.database_url,
+                 "PostgreSQL connection string or URI of the service database")
+      ->envname("DATABASE_URL");
+  app.add_option("--slot", c.slot, "The relay's logical replication slot")
+      ->envname("OUTBOX_SLOT")
+      ->capture_default_str();
+  AddLogFlags(app, c.log);
+}
+
+Status Validate(const SlotCommandConfig& c) {
+  if (c.database_url.empty()) {
+    return BadSetting("--database-url", "DATABASE_URL", "required, e.g. postgresql://user@host/db");
+  }
+  if (c.slot.empty()) return BadSetting("--slot", "OUTBOX_SLOT", "empty");
+  if (c.output != "text" && c.output != "json") {
+    return BadSetting("--output", "OUTBOX_OUTPUT", fmt::format("'{}': use text or json", c.output));
+  }
+  return Ok();
+}
+
+std::string OptionalJson(const std::optional<std::string>& v) { return v ? JsonQuote(*v) : "null"; }
+
+std::string OptionalJson(const std::optional<int64_t>& v) {
+  return v ? std::to_string(*v) : "null";
+}
+
+std::string Holder(const SlotReport& r) {
+  std::string out = fmt::format("pid {}", r.active_pid.value_or(0));
+  if (!r.holder.empty()) out += ", " + r.holder;
+  return out;
+}
+
+}  // namespace
+
+const SlotStateRow* SlotReport::FindState(std::string_view key) const {
+  for (const SlotStateRow& row : state) {
+    if (row.key == key) return &row;
+  }
+  return nullptr;
+}
+
+void AddSlotStatusFlags(CLI::App& app, SlotCommandConfig& c) {
+  AddCommonFlags(app, c);
+  app.add_option("--output", c.output, "Output format: text or json")
+      ->envname("OUTBOX_OUTPUT")
+      ->capture_default_str();
+}
+
+void AddSlotDropFlags(CLI::App& app, SlotCommandConfig& c) {
+  AddCommonFlags(app, c);
+  app.add_flag("--confirm", c.confirm,
+               "Really drop the slot (without it: say what would happen, change nothing)");
+}
+
+Result<SlotReport> QuerySlotReport(pg::Connection& conn, const std::string& slot) {
+  SlotReport report;
+  report.slot = slot;
+  {
+    auto res = conn.Exec("SELECT pg_current_wal_lsn()::text");
+    if (!res) return std::unexpected(res.error());
+    report.current_wal_lsn = Text(res->get(), 0, 0).value_or("");
+  }
+  std::optional<std::string> params[] = {slot};
+  {
+    auto res = conn.ExecParams(
+        "SELECT s.plugin, s.slot_type, s.database, s.active, s.active_pid, s.restart_lsn::text, "
+        "s.confirmed_flush_lsn::text, (pg_current_wal_lsn() - s.restart_lsn)::bigint, "
+        "(pg_current_wal_lsn() - s.confirmed_flush_lsn)::bigint, s.wal_status, s.safe_wal_size, "
+        "(SELECT concat_ws(' ', nullif(a.application_name, ''), 'from ' || host(a.client_addr), "
+        "'since ' || date_trunc('second', a.backend_start)::text) "
+        "FROM pg_stat_activity a WHERE a.pid = s.active_pid) "
+        "FROM pg_replication_slots s WHERE s.slot_name = $1",
+        params);
+    if (!res) return std::unexpected(res.error());
+    const PGresult* r = res->get();
+    if (PQntuples(r) > 0) {
+      report.exists = true;
+      report.plugin = Text(r, 0, 0).value_or("");
+      report.slot_type = Text(r, 0, 1).value_or("");
+      report.database = Text(r, 0, 2).value_or("");
+      report.active = Text(r, 0, 3) == "t";
+      if (auto pid = Int(r, 0, 4)) report.active_pid = static_cast<int>(*pid);
+      report.restart_lsn = Text(r, 0, 5);
+      report.confirmed_flush_lsn = Text(r, 0, 6);
+      report.retained_bytes = Int(r, 0, 7);
+      report.unconfirmed_bytes = Int(r, 0, 8);
+      report.wal_status = Text(r, 0, 9).value_or("");
+      report.safe_wal_size = Int(r, 0, 10);
+      report.holder = Text(r, 0, 11).value_or("");
+    }
+  }
+  {
+    auto res = conn.Exec(
+        "SELECT to_regclass('outbox_relay.state') IS NOT NULL AND "
+        "to_regclass('outbox_relay.commits') IS NOT NULL");
+    if (!res) return std::unexpected(res.error());
+    report.relay_schema = Text(res->get(), 0, 0) == "t";
+  }
+  if (report.relay_schema) {
+    auto res = conn.ExecParams(
+        "SELECT key, value, updated_at::text FROM outbox_relay.state WHERE slot_name = $1 "
+        "ORDER BY key",
+        params);
+    if (!res) return std::unexpected(res.error());
+    for (int i = 0; i < PQntuples(res->get()); ++i) {
+      report.state.push_back({Text(res->get(), i, 0).value_or(""),
+                              Text(res->get(), i, 1).value_or(""),
+                              Text(res->get(), i, 2).value_or("")});
+    }
+    auto idx = conn.ExecParams(
+        "SELECT count(*), min(commit_lsn)::text, max(commit_lsn)::text, min(commit_time)::text, "
+        "max(commit_time)::text FROM outbox_relay.commits WHERE slot_name = $1",
+        params);
+    if (!idx) return std::unexpected(idx.error());
+    report.indexed_transactions = Int(idx->get(), 0, 0).value_or(0);
+    report.first_commit_lsn = Text(idx->get(), 0, 1);
+    report.last_commit_lsn = Text(idx->get(), 0, 2);
+    report.first_commit_time = Text(idx->get(), 0, 3);
+    report.last_commit_time = Text(idx->get(), 0, 4);
+  }
+  return report;
+}
+
+std::string FormatSlotReportText(const SlotReport& r) {
+  std::string out;
+  auto line = [&](std::string_view name, std::string_view value) {
+    fmt::format_to(std::back_inserter(out), "  {:<22}{}\n", name, value);
+  };
+  fmt::format_to(std::back_inserter(out), "slot {}\n", r.slot);
+  if (!r.exists) {
+    line("exists", "no");
+    if (const SlotStateRow* created = r.FindState(kSlotCreatedStateKey)) {
+      line("note", fmt::format("the relay created it at {} (state slot_created): the next run "
+                               "treats it as lost",
+                               created->value));
+    }
+  } else {
+    line("exists", "yes");
+    line("plugin", r.plugin);
+    line("slot_type", r.slot_type);
+    line("database", r.database);
+    line("active", r.active ? fmt::format("yes ({})", Holder(r)) : "no");
+    line("confirmed_flush_lsn", r.confirmed_flush_lsn.value_or("-"));
+    line("restart_lsn", r.restart_lsn.value_or("-"));
+    line("current_wal_lsn", r.current_wal_lsn);
+    line("retained WAL", r.retained_bytes
+                             ? fmt::format("{} ({} bytes, restart_lsn to now)",
+                                           PrettyBytes(*r.retained_bytes), *r.retained_bytes)
+                             : "-");
+    line("unconfirmed WAL", r.unconfirmed_bytes ? fmt::format("{} (confirmed_flush_lsn to now)",
+                                                              PrettyBytes(*r.unconfirmed_bytes))
+                                                : "-");
+    line("wal_status", r.wal_status.empty() ? "-" : r.wal_status);
+    line("safe_wal_size", r.safe_wal_size ? PrettyBytes(*r.safe_wal_size)
+                                          : "unlimited (max_slot_wal_keep_size = -1)");
+  }
+  if (!r.relay_schema) {
+    out += "relay state: schema outbox_relay not found (the relay never ran here)\n";
+    return out;
+  }
+  out += "relay state (outbox_relay.state)\n";
+  if (r.state.empty()) line("(none)", "");
+  for (const SlotStateRow& s : r.state) {
+    line(s.key, fmt::format("{}  (updated {})", s.value, s.updated_at));
+  }
+  out += "commit index (outbox_relay.commits)\n";
+  line("transactions", std::to_string(r.indexed_transactions));
+  if (r.indexed_transactions > 0) {
+    line("commit_lsn", fmt::format("{} .. {}", r.first_commit_lsn.value_or("-"),
+                                   r.last_commit_lsn.value_or("-")));
+    line("commit_time", fmt::format("{} .. {}", r.first_commit_time.value_or("-"),
+                                    r.last_commit_time.value_or("-")));
+  }
+  return out;
+}
+
+std::string FormatSlotReportJson(const SlotReport& r) {
+  std::string out = "{";
+  auto field = [&](std::string_view name, const std::string& json) {
+    if (out.size() > 1) out += ",";
+    fmt::format_to(std::back_inserter(out), "{}:{}", JsonQuote(name), json);
+  };
+  auto str = [](const std::string& s) { return JsonQuote(s); };
+  field("slot", str(r.slot));
+  field("exists", r.exists ? "true" : "false");
+  field("current_wal_lsn", str(r.current_wal_lsn));
+  if (r.exists) {
+    field("plugin", str(r.plugin));
+    field("slot_type", str(r.slot_type));
+    field("database", str(r.database));
+    field("active", r.active ? "true" : "false");
+    field("active_pid", r.active_pid ? std::to_string(*r.active_pid) : "null");
+    field("holder", r.holder.empty() ? "null" : str(r.holder));
+    field("confirmed_flush_lsn", OptionalJson(r.confirmed_flush_lsn));
+    field("restart_lsn", OptionalJson(r.restart_lsn));
+    field("retained_wal_bytes", OptionalJson(r.retained_bytes));
+    field("retained_wal", r.retained_bytes ? str(PrettyBytes(*r.retained_bytes)) : "null");
+    field("unconfirmed_wal_bytes", OptionalJson(r.unconfirmed_bytes));
+    field("wal_status", r.wal_status.empty() ? "null" : str(r.wal_status));
+    field("safe_wal_size", OptionalJson(r.safe_wal_size));
+  }
+  field("relay_schema", r.relay_schema ? "true" : "false");
+  std::string state = "{";
+  for (const SlotStateRow& s : r.state) {
+    if (state.size() > 1) state += ",";
+    fmt::format_to(std::back_inserter(state), "{}:{{\"value\":{},\"updated_at\":{}}}",
+                   JsonQuote(s.key), JsonQuote(s.value), JsonQuote(s.updated_at));
+  }
+  state += "}";
+  field("state", state);
+  field("commit_index",
+        fmt::format("{{\"transactions\":{},\"first_commit_lsn\":{},\"last_commit_lsn\":{},"
+                    "\"first_commit_time\":{},\"last_commit_time\":{}}}",
+                    r.indexed_transactions, OptionalJson(r.first_commit_lsn),
+                    OptionalJson(r.last_commit_lsn), OptionalJson(r.first_commit_time),
+                    OptionalJson(r.last_commit_time)));
+  out += "}\n";
+  return out;
+}
+
+int SlotStatusCommand(SlotCommandConfig& c) {
+  SetupLogging(c.log);
+  if (auto st = Validate(c); !st) {
+    spdlog::error("{}", st.error().message);
+    return kExitConfig;
+  }
+  auto conn =
+      pg::Connection::Open(c.database_url, pg::Connection::Mode::kNormal, "outbox-relay-slot");
+  if (!conn) {
+    spdlog::error("{}", conn.error().message);
+    return kExitFailure;
+  }
+  auto report = QuerySlotReport(*conn, c.slot);
+  if (!report) {
+    spdlog::error("slot status: {}", report.error().message);
+    return kExitFailure;
+  }
+  std::string text =
+      c.output == "json" ? FormatSlotReportJson(*report) : FormatSlotReportText(*report);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+  return kExitOk;
+}
+
+int SlotDropCommand(SlotCommandConfig& c) {
+  SetupLogging(c.log);
+  if (auto st = Validate(c); !st) {
+    spdlog::error("{}", st.error().message);
+    return kExitConfig;
+  }
+  auto conn =
+      pg::Connection::Open(c.database_url, pg::Connection::Mode::kNormal, "outbox-relay-slot");
+  if (!conn) {
+    spdlog::error("{}", conn.error().message);
+    return kExitFailure;
+  }
+  auto report = QuerySlotReport(*conn, c.slot);
+  if (!report) {
+    spdlog::error("slot drop: {}", report.error().message);
+    return kExitFailure;
+  }
+  if (!report->exists) {
+    std::printf("slot %s does not exist: nothing to drop\n", c.slot.c_str());
+    return kExitOk;
+  }
+  if (report->active) {
+    spdlog::error(
+        "refusing to drop slot {}: it is active, held by {}. Stop that relay first "
+        "(SIGTERM lets it drain), or end its connection with "
+        "SELECT pg_terminate_backend({}); then run this again",
+        c.slot, Holder(*report), report->active_pid.value_or(0));
+    return kExitFailure;
+  }
+  // What the next `run` does without the slot (relay_slot.cc, Relay::SetupSlot).
+  std::string next_run;
+  if (const SlotStateRow* created = report->FindState(kSlotCreatedStateKey)) {
+    next_run = fmt::format(
+        "Nothing is lost: the relay's state (outbox_relay.state slot_created = {}) says the slot "
+        "existed, so the next `outbox-relay run` treats it as lost and, with "
+        "--on-slot-lost=reconcile (the default), recreates it and backfills every unacked row "
+        "from the table (rows published but not yet marked are published again: at least "
+        "once); with --on-slot-lost=fail it stops and says so. A standby instance that is "
+        "running now does this at once.",
+        created->value);
+  } else {
+    next_run =
+        "The relay's state has no slot_created row for it (it was not created by this relay, or "
+        "the state was removed): the next `outbox-relay run` creates a new slot and, with "
+        "--backfill=true (the default), publishes the unacked rows committed before it.";
+  }
+  std::string what = fmt::format(
+      "drop replication slot {} (plugin {}, confirmed_flush_lsn {}, retaining {} of WAL)", c.slot,
+      report->plugin, report->confirmed_flush_lsn.value_or("-"),
+      report->retained_bytes ? PrettyBytes(*report->retained_bytes) : "unknown");
+  if (!c.confirm) {
+    spdlog::error(
+        "refusing without --confirm. This would {}. {} Run again with --confirm to "
+        "drop it.",
+        what, next_run);
+    return kExitConfig;
+  }
+  std::optional<std::string> params[] = {c.slot};
+  auto dropped = conn->ExecParams("SELECT pg_drop_replication_slot($1)", params);
+  if (!dropped) {
+    spdlog::error("drop slot {}: {}", c.slot, dropped.error().message);
+    return kExitFailure;
+  }
+  std::printf(
+      "dropped replication slot %s (it was at confirmed_flush_lsn %s, retaining %s of "
+      "WAL)\n%s\n",
+      c.slot.c_str(), report->confirmed_flush_lsn.value_or("-").c_str(),
+      report->retained_bytes ? PrettyBytes(*report->retained_bytes).c_str() : "unknown",
+      next_run.c_str());
+  std::fflush(stdout);
+  spdlog::info("dropped replication slot {}", c.slot);
+  return kExitOk;
+}
+
+}  // namespace outbox_relay::app
