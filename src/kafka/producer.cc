@@ -274,7 +274,10 @@ void KafkaProducer::OnDeliveryReport(rd_kafka_t* rk, const rd_kafka_message_t* m
     if (IsPermanentForRecord(msg->err)) {
       d.error = Error{ErrorCode::kPoison, fmt::format("Kafka refused the record for topic '{}': {}",
                                                       d.topic, rd_kafka_err2str(msg->err))};
-    } else if (msg->err == RD_KAFKA_RESP_ERR__FATAL) {
+    } else if (msg->err == RD_KAFKA_RESP_ERR__FATAL ||
+               rd_kafka_fatal_error(rk, nullptr, 0) != RD_KAFKA_RESP_ERR_NO_ERROR) {
+      // After a fatal error the messages still queued come back as "purged";
+      // the fatal error is the reason worth reporting.
       std::array<char, 512> reason{};
       rd_kafka_resp_err_t fatal = rd_kafka_fatal_error(rk, reason.data(), reason.size());
       d.error = Error{ErrorCode::kFatal, fmt::format("Kafka producer fatal error: {}: {}",
