@@ -35,13 +35,16 @@ Lag SlotLag(Pg& db, const std::string& slot) {
 
 TEST_F(Idle, BusyDatabaseIdleOutboxRetainsLittleWal) {
   // Bounds, from what this machine shows (see the printed figures): the
-  // confirmed position follows the WAL end within a status interval; the
-  // restart position can only move to the last running-xacts record, which
-  // the server logs every 15 s (LOG_SNAPSHOT_INTERVAL_MS) on a busy database.
+  // confirmed position follows the WAL end within a status interval (measured:
+  // < 0.2 s). The restart position cannot follow as fast, whatever the client
+  // does: the server moves restart_lsn only past a running-xacts record, which
+  // the background writer logs every 15 s (LOG_SNAPSHOT_INTERVAL_MS) when there
+  // was WAL activity, and it may be hibernating for up to 10 s first
+  // (bgwriter_delay * 50). Measured: 10-21 s after the writes; bound 40 s.
   constexpr uint64_t kConfirmedBound = 1 * kMiB;
   constexpr uint64_t kRestartBound = 16 * kMiB;
   constexpr auto kConfirmedWithin = seconds(10);
-  constexpr auto kRestartWithin = seconds(30);
+  constexpr auto kRestartWithin = seconds(40);
 
   CreateTables();
   RelayProcess& relay = StartRelay();
