@@ -213,7 +213,8 @@ Status Validate(RelayConfig& c) {
   if (c.on_poison == "dlq" && c.dlq_topic.empty()) {
     return Bad("--dlq-topic", "OUTBOX_DLQ_TOPIC", "empty while --on-poison=dlq");
   }
-  if (c.dlq_max_bytes < 1024) return Bad("--dlq-max-bytes", "OUTBOX_DLQ_MAX_BYTES", "must be >= 1024");
+  if (c.dlq_max_bytes < 1024)
+    return Bad("--dlq-max-bytes", "OUTBOX_DLQ_MAX_BYTES", "must be >= 1024");
   if (c.topic_partitions < 1) {
     return Bad("--topic-partitions", "OUTBOX_TOPIC_PARTITIONS", "must be >= 1");
   }

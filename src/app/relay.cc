@@ -193,7 +193,8 @@ int Relay::Run(const std::atomic<bool>& stop) {
              : Result<pg::ReplicationStream>(std::unexpected(conn.error()));
     Status st;
     if (stream) {
-      if (stats_.standby.exchange(false)) spdlog::info("slot {} is free: taking over", config_.slot);
+      if (stats_.standby.exchange(false))
+        spdlog::info("slot {} is free: taking over", config_.slot);
       spdlog::info("streaming from slot {} at {}", config_.slot, tracker_->confirmed());
       stats_.streaming = true;
       attempt = 0;
@@ -330,8 +331,8 @@ Status Relay::HandleXLogData(std::string_view data, pg::ReplicationStream& strea
 }
 
 Status Relay::HandleRelation(const pgoutput::Relation& relation) {
-  bool ours = relation.nspname == config_.table_name.schema &&
-              relation.relname == config_.table_name.name;
+  bool ours =
+      relation.nspname == config_.table_name.schema && relation.relname == config_.table_name.name;
   if (ours) {
     // Sent before the first row and again after any schema change: columns
     // are found by name each time.
@@ -352,7 +353,8 @@ Status Relay::HandleRelation(const pgoutput::Relation& relation) {
 }
 
 Status Relay::HandleInsert(const pgoutput::Insert& insert, pg::ReplicationStream& stream) {
-  if (open_tx_ == nullptr) return Fail(ErrorCode::kProtocol, "pgoutput: Insert outside a transaction");
+  if (open_tx_ == nullptr)
+    return Fail(ErrorCode::kProtocol, "pgoutput: Insert outside a transaction");
   if (insert.relation_id != outbox_relid_) {
     if (relations_.Find(insert.relation_id) == nullptr) {
       return Fail(ErrorCode::kProtocol, "pgoutput: Insert for relation {} never described",
@@ -542,13 +544,12 @@ void Relay::DeadLetterRefused(const kafka::Delivery& d, tracking::Transaction* t
   for (const auto& [name, value] : d.headers) {
     if (name == outbox::kUuidHeader) identity.uuid = value;
   }
-  Error reason{ErrorCode::kPoison,
-               fmt::format("{} (offset unknown: select the row by uuid '{}')", d.error->message,
-                           identity.uuid)};
+  Error reason{ErrorCode::kPoison, fmt::format("{} (offset unknown: select the row by uuid '{}')",
+                                               d.error->message, identity.uuid)};
   const outbox::KafkaRecord& record = refused_letters_->Build(
       reason, identity, config_.table_name.ToString(), tx->final_lsn, d.value, metadata);
-  spdlog::warn("dead-lettering refused record uuid='{}' of transaction {} to {}: {}",
-               identity.uuid, identity.transaction_id, config_.dlq_topic, d.error->message);
+  spdlog::warn("dead-lettering refused record uuid='{}' of transaction {} to {}: {}", identity.uuid,
+               identity.transaction_id, config_.dlq_topic, d.error->message);
   stats_.dead_lettered.fetch_add(1, std::memory_order_relaxed);
   // The refused message still holds its pending token, so the transaction
   // cannot complete between these two calls.
@@ -571,10 +572,11 @@ void Relay::LogProgress() {
   if (now - last_progress_log_ < std::chrono::seconds(30)) return;
   last_progress_log_ = now;
   auto s = tracker_->stats();
-  spdlog::info("progress: {} transactions, {} rows, {} delivered, {} dead-lettered; "
-               "confirmed {}, {} rows in flight",
-               stats_.transactions.load(), stats_.rows.load(), stats_.delivered.load(),
-               stats_.dead_lettered.load(), s.confirmed, s.rows_in_flight);
+  spdlog::info(
+      "progress: {} transactions, {} rows, {} delivered, {} dead-lettered; "
+      "confirmed {}, {} rows in flight",
+      stats_.transactions.load(), stats_.rows.load(), stats_.delivered.load(),
+      stats_.dead_lettered.load(), s.confirmed, s.rows_in_flight);
 }
 
 int Relay::Shutdown(pg::ReplicationStream* stream, bool failed) {

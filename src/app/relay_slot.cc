@@ -122,7 +122,8 @@ Status Relay::SetupSlot(const std::atomic<bool>& stop) {
     } else if (!config_.mark) {
       spdlog::warn("--mark=false: no backfill of rows committed before the slot");
     }
-    if (auto st = WriteState(*conn, config_.slot, kCreatedKey, created->consistent_point.ToString());
+    if (auto st =
+            WriteState(*conn, config_.slot, kCreatedKey, created->consistent_point.ToString());
         !st) {
       return st;
     }
@@ -218,7 +219,8 @@ Status Relay::Backfill(pg::Connection& conn, const std::string& snapshot,
   // Everything published and marked before the stream starts: the backfilled
   // rows committed before anything the slot will send.
   while (!tracker_->WaitEmpty(std::chrono::milliseconds(1000))) {
-    if (auto failure = tracker_->failure()) return Fail(ErrorCode::kFatal, "backfill: {}", *failure);
+    if (auto failure = tracker_->failure())
+      return Fail(ErrorCode::kFatal, "backfill: {}", *failure);
     if (stop.load()) break;
     spdlog::info("backfill: waiting for {} rows in flight", tracker_->rows_in_flight());
   }

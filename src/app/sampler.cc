@@ -14,7 +14,9 @@ Sampler::Sampler(const RelayConfig& config, metrics::Metrics* metrics)
 
 Sampler::~Sampler() { Stop(); }
 
-void Sampler::Start() { thread_ = std::thread([this] { Loop(); }); }
+void Sampler::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
 
 void Sampler::Stop() {
   {

@@ -155,7 +155,8 @@ void KafkaProducer::CreateTopic(const std::string& name) {
       if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
         spdlog::info("kafka: created topic {} ({} partitions)", name, options_.topic_partitions);
       } else if (err != RD_KAFKA_RESP_ERR_TOPIC_ALREADY_EXISTS) {
-        spdlog::warn("kafka: creating topic {}: {}", name, rd_kafka_topic_result_error_string(topics[i]));
+        spdlog::warn("kafka: creating topic {}: {}", name,
+                     rd_kafka_topic_result_error_string(topics[i]));
       }
     }
   }
@@ -182,11 +183,11 @@ Result<Sink::Accepted> KafkaProducer::Produce(const outbox::KafkaRecord& record,
   size_t key_len = record.key ? record.key->size() : 0;
   const void* value = record.value ? record.value->data() : nullptr;
   size_t value_len = record.value ? record.value->size() : 0;
-  rd_kafka_resp_err_t err = rd_kafka_producev(
-      rk_.get(), RD_KAFKA_V_RKT(rkt), RD_KAFKA_V_PARTITION(RD_KAFKA_PARTITION_UA),
-      RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_KEY(key, key_len),
-      RD_KAFKA_V_VALUE(const_cast<void*>(value), value_len), RD_KAFKA_V_HEADERS(headers),
-      RD_KAFKA_V_OPAQUE(opaque), RD_KAFKA_V_END);
+  rd_kafka_resp_err_t err =
+      rd_kafka_producev(rk_.get(), RD_KAFKA_V_RKT(rkt), RD_KAFKA_V_PARTITION(RD_KAFKA_PARTITION_UA),
+                        RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_KEY(key, key_len),
+                        RD_KAFKA_V_VALUE(const_cast<void*>(value), value_len),
+                        RD_KAFKA_V_HEADERS(headers), RD_KAFKA_V_OPAQUE(opaque), RD_KAFKA_V_END);
   if (err == RD_KAFKA_RESP_ERR_NO_ERROR) return Accepted::kQueued;  // headers now owned
   rd_kafka_headers_destroy(headers);
   if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL) return Accepted::kQueueFull;
@@ -226,8 +227,7 @@ Status KafkaProducer::CheckConnection(std::chrono::milliseconds timeout) {
   return Ok();
 }
 
-void KafkaProducer::OnDeliveryReport(rd_kafka_t* rk, const rd_kafka_message_t* msg,
-                                     void* opaque) {
+void KafkaProducer::OnDeliveryReport(rd_kafka_t* rk, const rd_kafka_message_t* msg, void* opaque) {
   auto* self = static_cast<KafkaProducer*>(opaque);
   Delivery& d = self->scratch_;
   d.opaque = msg->_private;
@@ -245,8 +245,7 @@ void KafkaProducer::OnDeliveryReport(rd_kafka_t* rk, const rd_kafka_message_t* m
   if (rd_kafka_message_headers(msg, &all) == RD_KAFKA_RESP_ERR_NO_ERROR) {
     const void* value = nullptr;
     size_t size = 0;
-    if (rd_kafka_header_get_last(all, "Event-Type", &value, &size) ==
-            RD_KAFKA_RESP_ERR_NO_ERROR &&
+    if (rd_kafka_header_get_last(all, "Event-Type", &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR &&
         value != nullptr) {
       d.event_type = std::string_view(static_cast<const char*>(value), size);
     }
@@ -264,8 +263,8 @@ void KafkaProducer::OnDeliveryReport(rd_kafka_t* rk, const rd_kafka_message_t* m
       const char* name = nullptr;
       const void* value = nullptr;
       size_t size = 0;
-      for (size_t i = 0; rd_kafka_header_get_all(hdrs, i, &name, &value, &size) ==
-                         RD_KAFKA_RESP_ERR_NO_ERROR;
+      for (size_t i = 0;
+           rd_kafka_header_get_all(hdrs, i, &name, &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR;
            ++i) {
         d.headers.emplace_back(name, std::string_view(static_cast<const char*>(value), size));
         d.size_bytes += std::string_view(name).size() + size;
@@ -295,9 +294,9 @@ void KafkaProducer::OnError(rd_kafka_t* rk, int err, const char* reason, void* o
   auto code = static_cast<rd_kafka_resp_err_t>(err);
   if (code == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN) self->brokers_down_.store(true);
   if (self->on_error_) {
-    self->on_error_(Error{code == RD_KAFKA_RESP_ERR__FATAL ? ErrorCode::kFatal
-                                                           : ErrorCode::kTransient,
-                          fmt::format("{}: {}", rd_kafka_err2name(code), reason)});
+    self->on_error_(
+        Error{code == RD_KAFKA_RESP_ERR__FATAL ? ErrorCode::kFatal : ErrorCode::kTransient,
+              fmt::format("{}: {}", rd_kafka_err2name(code), reason)});
   }
   if (code == RD_KAFKA_RESP_ERR__FATAL) {
     std::array<char, 512> buf{};

@@ -93,9 +93,10 @@ void Marker::Loop() {
       conn_.reset();
       if (stopping_.load() &&
           std::chrono::steady_clock::now().time_since_epoch().count() > deadline_ns_.load()) {
-        spdlog::error("marker: stopping with {} delivered transactions unmarked; they will be "
-                      "re-sent and marked after the restart",
-                      batch.size());
+        spdlog::error(
+            "marker: stopping with {} delivered transactions unmarked; they will be "
+            "re-sent and marked after the restart",
+            batch.size());
         return;
       }
       std::this_thread::sleep_for(backoff);

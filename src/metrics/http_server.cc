@@ -43,9 +43,8 @@ int HandleReadyz(mg_connection* conn, void* data) {
 
 }  // namespace
 
-Result<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string& address,
-                                                      Metrics* metrics, Check healthz,
-                                                      Check readyz,
+Result<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string& address, Metrics* metrics,
+                                                      Check healthz, Check readyz,
                                                       std::function<void()> refresh) {
   size_t colon = address.rfind(':');
   if (colon == std::string::npos || colon + 1 == address.size()) {
@@ -61,8 +60,8 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string& address
   mg_init_library(0);
   // civetweb wants "host:port" as listening_ports; 0.0.0.0 means all IPv4.
   std::string ports = address;
-  const char* options[] = {"listening_ports", ports.c_str(), "num_threads", "2",
-                           "request_timeout_ms", "5000", nullptr};
+  const char* options[] = {"listening_ports",    ports.c_str(), "num_threads", "2",
+                           "request_timeout_ms", "5000",        nullptr};
   mg_callbacks callbacks{};
   server->ctx_ = mg_start(&callbacks, nullptr, options);
   if (server->ctx_ == nullptr) {

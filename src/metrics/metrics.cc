@@ -6,8 +6,7 @@ namespace {
 
 prometheus::Histogram::BucketBoundaries LatencyBuckets() {
   // 0.5 ms .. 60 s: the relay's range is milliseconds, the seed's SLO is p99 < 5 s.
-  return {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-          0.25,   0.5,   1,      2.5,   5,    10,    30,    60};
+  return {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
 }
 
 }  // namespace

@@ -5,8 +5,9 @@ namespace outbox_relay::pg {
 Status EnsureRelaySchema(Connection& conn) {
   // Concurrent first starts (active + standby) would race on CREATE ... IF
   // NOT EXISTS; a transaction-level advisory lock serialises them.
-  std::string sql = std::string("BEGIN; SELECT pg_advisory_xact_lock(hashtext('outbox_relay_schema'));") +
-                    kRelaySchemaDdl + "COMMIT;";
+  std::string sql =
+      std::string("BEGIN; SELECT pg_advisory_xact_lock(hashtext('outbox_relay_schema'));") +
+      kRelaySchemaDdl + "COMMIT;";
   auto res = conn.Exec(sql);
   if (!res) {
     conn.Exec("ROLLBACK").value_or(nullptr);

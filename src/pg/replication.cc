@@ -3,9 +3,8 @@
 #include <poll.h>
 
 #include <cerrno>
-#include <cstring>
-
 #include <charconv>
+#include <cstring>
 
 namespace outbox_relay::pg {
 
@@ -98,9 +97,9 @@ Status EnsurePublication(Connection& conn, std::string_view publication,
 Result<ReplicationStream> ReplicationStream::Start(Connection conn, std::string_view slot,
                                                    std::string_view publication, Lsn start) {
   // publication_names is a list of identifiers inside a string literal.
-  std::string sql = fmt::format(
-      "START_REPLICATION SLOT {} LOGICAL {} (proto_version '1', publication_names {})",
-      QuoteIdent(slot), start, QuoteLiteral(QuoteIdent(publication)));
+  std::string sql =
+      fmt::format("START_REPLICATION SLOT {} LOGICAL {} (proto_version '1', publication_names {})",
+                  QuoteIdent(slot), start, QuoteLiteral(QuoteIdent(publication)));
   ResultHandle res(PQexec(conn.get(), sql.c_str()));
   if (!res || PQresultStatus(res.get()) != PGRES_COPY_BOTH) {
     return std::unexpected(ErrorFromResult(res.get(), conn.get(), "START_REPLICATION"));
@@ -118,8 +117,7 @@ Result<std::optional<std::string_view>> ReplicationStream::TryRead() {
   if (n == 0) {
     // Nothing complete in libpq's buffer: pull what the socket has.
     if (PQconsumeInput(conn_.get()) == 0) {
-      return Fail(ErrorCode::kTransient, "replication connection: {}",
-                  PQerrorMessage(conn_.get()));
+      return Fail(ErrorCode::kTransient, "replication connection: {}", PQerrorMessage(conn_.get()));
     }
     n = PQgetCopyData(conn_.get(), &buf, 1);
   }

@@ -151,9 +151,7 @@ bool AckTracker::empty() const {
   return in_flight_.empty();
 }
 
-size_t AckTracker::awaiting_mark() const {
-  return awaiting_mark_.load(std::memory_order_relaxed);
-}
+size_t AckTracker::awaiting_mark() const { return awaiting_mark_.load(std::memory_order_relaxed); }
 
 std::optional<std::string> AckTracker::failure() const {
   std::lock_guard lock(mu_);

@@ -45,7 +45,7 @@ struct RelayConfig {
   std::string dlq_topic = "outbox-relay.dlq";
   int64_t dlq_max_bytes = 1000000;
   std::string on_slot_lost = "reconcile";  // reconcile | fail
-  bool backfill = true;  // publish unacked rows older than a newly created slot
+  bool backfill = true;                    // publish unacked rows older than a newly created slot
   bool create_topics = false;
   int64_t topic_partitions = 3;
   int64_t topic_replication_factor = -1;  // -1: the broker's default

@@ -62,14 +62,15 @@ class ByteReader {
 
  private:
   [[gnu::cold, gnu::noinline]] std::unexpected<Error> Short(std::string_view field,
-                                                             size_t need) const {
+                                                            size_t need) const {
     return Fail(ErrorCode::kProtocol, "{} at byte {}: need {} bytes, {} left", field, pos_, need,
                 remaining());
   }
 
   template <typename U>
   Result<U> ReadBE(std::string_view field) {
-    if (remaining() < sizeof(U)) [[unlikely]] return Short(field, sizeof(U));
+    if (remaining() < sizeof(U)) [[unlikely]]
+      return Short(field, sizeof(U));
     U v;
     std::memcpy(&v, data_.data() + pos_, sizeof(U));
     pos_ += sizeof(U);

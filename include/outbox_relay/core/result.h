@@ -7,12 +7,12 @@
 // parsing and `main`.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <expected>
 #include <string>
 #include <string_view>
 #include <utility>
-
-#include <fmt/format.h>
 
 namespace outbox_relay {
 

@@ -41,8 +41,7 @@ class Metrics {
   std::shared_ptr<prometheus::Registry> registry_ptr() { return registry_; }
 
   // One record acknowledged (result=ok) or failed (result=error).
-  void ObservePublish(std::string_view topic, std::string_view event_type, double seconds,
-                      bool ok);
+  void ObservePublish(std::string_view topic, std::string_view event_type, double seconds, bool ok);
   void ObserveCommitToAck(double seconds) { commit_to_ack_->Observe(seconds); }
   void CountError(ErrorReason reason);
   void CountDeadLetter(double n = 1) { dead_lettered_->Increment(n); }

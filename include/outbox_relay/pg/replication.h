@@ -28,7 +28,7 @@ struct SlotInfo {
   std::optional<int> active_pid;
   Lsn restart_lsn;
   Lsn confirmed_flush_lsn;
-  std::string wal_status;      // reserved, extended, unreserved, lost
+  std::string wal_status;                 // reserved, extended, unreserved, lost
   std::optional<int64_t> retained_bytes;  // pg_current_wal_lsn() - restart_lsn
 };
 

@@ -42,11 +42,11 @@ namespace outbox_relay::tracking {
 // address is stable while the transaction is in flight and is what each
 // produced message carries as its delivery opaque.
 struct Transaction {
-  uint64_t seq = 0;          // position in stream order
-  Lsn final_lsn;             // Begin.final_lsn: the commit record's LSN
-  Lsn end_lsn;               // Commit.end_lsn, set by Commit()
-  PgTimestamp commit_time;   // from Begin
-  uint32_t xid = 0;          // 32-bit xid from Begin
+  uint64_t seq = 0;                       // position in stream order
+  Lsn final_lsn;                          // Begin.final_lsn: the commit record's LSN
+  Lsn end_lsn;                            // Commit.end_lsn, set by Commit()
+  PgTimestamp commit_time;                // from Begin
+  uint32_t xid = 0;                       // 32-bit xid from Begin
   std::vector<uint64_t> transaction_ids;  // distinct xid8 values of its rows, for marking
   uint64_t rows = 0;                      // rows produced (incl. dead letters)
   bool abandoned = false;  // stream broke before its Commit: never confirms, never marked
@@ -135,11 +135,11 @@ class AckTracker {
   void Release(Transaction* tx, int64_t count);  // pending -= count
 
   mutable std::mutex mu_;
-  std::condition_variable progress_;   // deliveries, marks, confirmations
-  std::condition_variable delivered_;  // for the marker
+  std::condition_variable progress_;                    // deliveries, marks, confirmations
+  std::condition_variable delivered_;                   // for the marker
   std::deque<std::unique_ptr<Transaction>> in_flight_;  // stream order
-  std::deque<Transaction*> to_mark_;                     // delivered, not taken yet
-  std::atomic<size_t> awaiting_mark_{0};  // written under mu_, read without it
+  std::deque<Transaction*> to_mark_;                    // delivered, not taken yet
+  std::atomic<size_t> awaiting_mark_{0};                // written under mu_, read without it
   std::optional<std::string> failure_;
   uint64_t failed_seq_ = UINT64_MAX;  // nothing at or after it is confirmed
   std::atomic<uint64_t> confirmed_{0};
