@@ -132,6 +132,7 @@ TEST_F(Crash, KillNineUnderLoad) {
   EXPECT_EQ(WaitAllAcked(seconds(120)), 0) << "rows still unacked after 120 s";
   double catch_up_s = SecondsSince(catch_up);
   EXPECT_EQ(MisackedRows(), 0);
+  CheckCommitIndex(ledger);
   uint64_t confirmed = WaitConfirmedAtLeast(wal_after_load, seconds(10));
   EXPECT_GE(confirmed, wal_after_load);
   relay->Terminate();

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <filesystem>
 #include <thread>
 
 namespace outbox_test {
@@ -26,6 +27,8 @@ void RelayTest::SetUp() {
   name_ = UniqueName("it_" + test.substr(0, 30));
   other_table_ = name_ + "_side";
   topic_prefix_ = name_;
+  std::error_code ec;
+  std::filesystem::remove(TestLogPath(), ec);  // this run's relays start a fresh log
   db_ = std::make_unique<Pg>(env_.database_url);
   kafka_ = std::make_unique<KafkaReader>(env_.kafka_brokers);
   // A leftover of an earlier run with the same pid (unlikely) would skew the figures.
@@ -153,6 +156,70 @@ uint64_t RelayTest::WaitConfirmedAtLeast(uint64_t lsn, std::chrono::milliseconds
     if (confirmed >= lsn || std::chrono::steady_clock::now() >= deadline) return confirmed;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
+}
+
+namespace {
+
+// "{123,456}" -> {"123", "456"}.
+std::vector<std::string> ParseTextArray(const std::string& text) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char c : text) {
+    if (c == '{' || c == '}' || c == '"') continue;
+    if (c == ',') {
+      out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  if (!cur.empty()) out.push_back(cur);
+  return out;
+}
+
+}  // namespace
+
+void RelayTest::CheckCommitIndex(const Ledger& ledger) {
+  std::map<std::string, int> want;
+  for (const CommittedTransaction& tx : ledger.transactions()) want[tx.xid] = tx.rows;
+  auto rows = db_->Query(
+      "SELECT transaction_ids::text, row_count FROM outbox_relay.commits WHERE slot_name = $1",
+      {name_});
+  std::map<std::string, int> got;
+  size_t multi_xid = 0, repeated = 0, mismatches = 0, unknown = 0;
+  for (const Row& r : rows) {
+    auto xids = ParseTextArray(r[0].value_or(""));
+    if (xids.size() != 1) ++multi_xid;
+    for (const auto& x : xids) {
+      if (got.contains(x)) ++repeated;
+      got[x] = std::stoi(r[1].value_or("-1"));
+    }
+  }
+  for (const auto& [xid, n] : want) {
+    auto it = got.find(xid);
+    if (it == got.end() || it->second != n) {
+      if (++mismatches <= 5) {
+        ADD_FAILURE() << "commit index: transaction " << xid << " wrote " << n
+                      << " outbox rows, the index says "
+                      << (it == got.end() ? std::string("nothing") : std::to_string(it->second));
+      }
+    }
+  }
+  for (const auto& [xid, n] : got) {
+    if (!want.contains(xid) && ++unknown <= 5) {
+      ADD_FAILURE() << "commit index: transaction " << xid << " (" << n
+                    << " rows) was not committed with outbox rows by the test";
+    }
+  }
+  fmt::print(
+      "commit index: {} rows for {} committed transactions; {} missing or wrong, {} "
+      "unknown, {} xids in two rows, {} rows with more than one xid\n",
+      rows.size(), want.size(), mismatches, unknown, repeated, multi_xid);
+  EXPECT_EQ(rows.size(), want.size());
+  EXPECT_EQ(mismatches, 0u);
+  EXPECT_EQ(unknown, 0u);
+  EXPECT_EQ(repeated, 0u);
+  EXPECT_EQ(multi_xid, 0u);
 }
 
 std::vector<KafkaRecord> RelayTest::ReadTopics(const ReadOptions& options) {

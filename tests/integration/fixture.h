@@ -50,6 +50,11 @@ class RelayTest : public ::testing::Test {
   // Polls the slot until confirmed_flush_lsn >= `lsn`; returns the last value seen.
   uint64_t WaitConfirmedAtLeast(uint64_t lsn, std::chrono::milliseconds timeout);
 
+  // The commit-LSN index (outbox_relay.commits) against the committed
+  // transactions: one row per transaction with outbox rows, one xid, the right
+  // row_count. Adds a failure per problem (the first few) and prints the figures.
+  void CheckCommitIndex(const Ledger& ledger);
+
   // Every record in this test's topics, from the beginning, once the topics are stable.
   std::vector<KafkaRecord> ReadTopics(const ReadOptions& options = {});
   std::map<std::string, int> PartitionCounts(const std::vector<KafkaRecord>& records);

@@ -57,6 +57,7 @@ TEST_F(Graceful, SigtermRestartUnderLoadHasNoDuplicates) {
   EXPECT_EQ(WaitAllAcked(seconds(90)), 0) << "rows still unacked after 90 s";
   double catch_up_s = SecondsSince(catch_up);
   EXPECT_EQ(MisackedRows(), 0);
+  CheckCommitIndex(ledger);
   relay->Terminate();
   EXPECT_EQ(relay->Wait(seconds(40)), std::optional<int>(0)) << relay->LogTail();
 

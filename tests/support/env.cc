@@ -95,6 +95,15 @@ std::string LogDir() {
   return dir.string();
 }
 
+std::string TestLogPath() {
+  std::string name = CurrentTestName();
+  if (name.empty()) name = "relay";
+  for (char& c : name) {
+    if (c == '/' || c == ' ') c = '_';
+  }
+  return LogDir() + "/" + name + ".log";
+}
+
 std::string UniqueName(const std::string& prefix) {
   return fmt::format("{}_{}", prefix, static_cast<long>(getpid()));
 }

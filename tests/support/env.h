@@ -22,6 +22,9 @@ void LoadEnv(Env* env);
 // Directory for per-test relay logs (under the build directory).
 std::string LogDir();
 
+// The relay log file of the running test: <LogDir()>/<Suite.Name>.log.
+std::string TestLogPath();
+
 // "<prefix>_<pid>": names that do not collide across test reruns.
 std::string UniqueName(const std::string& prefix);
 

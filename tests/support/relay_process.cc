@@ -34,15 +34,6 @@ int TestFailureCount() {
   return info == nullptr ? 0 : info->result()->total_part_count();
 }
 
-std::string DefaultLogPath() {
-  std::string name = CurrentTestName();
-  if (name.empty()) name = "relay";
-  for (char& c : name) {
-    if (c == '/' || c == ' ') c = '_';
-  }
-  return LogDir() + "/" + name + ".log";
-}
-
 }  // namespace
 
 RelayProcess::RelayProcess(std::vector<std::string> args,
@@ -50,7 +41,7 @@ RelayProcess::RelayProcess(std::vector<std::string> args,
                            std::string log_path)
     : args_(std::move(args)),
       env_(std::move(env)),
-      log_path_(log_path.empty() ? DefaultLogPath() : std::move(log_path)) {}
+      log_path_(log_path.empty() ? TestLogPath() : std::move(log_path)) {}
 
 RelayProcess::~RelayProcess() {
   if (pid_ > 0 && !exit_code_) {
