@@ -1,0 +1,168 @@
+// bench_kafka_admin: the two Kafka admin operations the benchmark harness needs and kcat lacks.
+//
+//   bench_kafka_admin create BROKERS TOPIC PARTITIONS [CONFIG=VALUE ...]
+//       Creates TOPIC (replication factor: the broker's default) with topic configs, e.g.
+//       message.timestamp.type=LogAppendTime, so that every record carries the broker's append
+//       time. An existing topic is an error (the harness names topics per run).
+//   bench_kafka_admin delete BROKERS PREFIX
+//       Deletes every topic whose name starts with PREFIX (the harness's per-run topics).
+//
+// Exit status 0 on success; errors go to stderr.
+#include <librdkafka/rdkafka.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int kTimeoutMs = 30000;
+
+rd_kafka_t* Connect(const char* brokers) {
+  char err[512];
+  rd_kafka_conf_t* conf = rd_kafka_conf_new();
+  if (rd_kafka_conf_set(conf, "bootstrap.servers", brokers, err, sizeof err) !=
+      RD_KAFKA_CONF_OK) {
+    std::fprintf(stderr, "bootstrap.servers: %s\n", err);
+    std::exit(2);
+  }
+  rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
+  if (rk == nullptr) {
+    std::fprintf(stderr, "rd_kafka_new: %s\n", err);
+    std::exit(2);
+  }
+  return rk;
+}
+
+// Waits for the admin result event of type `type` on `queue`.
+rd_kafka_event_t* WaitFor(rd_kafka_queue_t* queue, rd_kafka_event_type_t type) {
+  while (true) {
+    rd_kafka_event_t* ev = rd_kafka_queue_poll(queue, kTimeoutMs + 5000);
+    if (ev == nullptr) {
+      std::fprintf(stderr, "admin request timed out\n");
+      std::exit(1);
+    }
+    if (rd_kafka_event_type(ev) == type) return ev;
+    rd_kafka_event_destroy(ev);
+  }
+}
+
+int CheckTopicResults(const rd_kafka_topic_result_t** results, size_t n, const char* what) {
+  int failures = 0;
+  for (size_t i = 0; i < n; ++i) {
+    rd_kafka_resp_err_t e = rd_kafka_topic_result_error(results[i]);
+    if (e != RD_KAFKA_RESP_ERR_NO_ERROR) {
+      const char* msg = rd_kafka_topic_result_error_string(results[i]);
+      std::fprintf(stderr, "%s %s: %s\n", what, rd_kafka_topic_result_name(results[i]),
+                   msg != nullptr ? msg : rd_kafka_err2str(e));
+      ++failures;
+    }
+  }
+  return failures == 0 ? 0 : 1;
+}
+
+int Create(const char* brokers, const char* topic, int partitions, int nconf, char** confs) {
+  rd_kafka_t* rk = Connect(brokers);
+  char err[512];
+  rd_kafka_NewTopic_t* nt = rd_kafka_NewTopic_new(topic, partitions, -1, err, sizeof err);
+  if (nt == nullptr) {
+    std::fprintf(stderr, "NewTopic: %s\n", err);
+    return 2;
+  }
+  for (int i = 0; i < nconf; ++i) {
+    std::string kv = confs[i];
+    size_t eq = kv.find('=');
+    if (eq == std::string::npos) {
+      std::fprintf(stderr, "config '%s' is not key=value\n", confs[i]);
+      return 2;
+    }
+    if (rd_kafka_NewTopic_set_config(nt, kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str()) !=
+        RD_KAFKA_RESP_ERR_NO_ERROR) {
+      std::fprintf(stderr, "config '%s' refused\n", confs[i]);
+      return 2;
+    }
+  }
+  rd_kafka_AdminOptions_t* opts = rd_kafka_AdminOptions_new(rk, RD_KAFKA_ADMIN_OP_CREATETOPICS);
+  rd_kafka_AdminOptions_set_operation_timeout(opts, kTimeoutMs, err, sizeof err);
+  rd_kafka_queue_t* queue = rd_kafka_queue_new(rk);
+  rd_kafka_CreateTopics(rk, &nt, 1, opts, queue);
+  rd_kafka_event_t* ev = WaitFor(queue, RD_KAFKA_EVENT_CREATETOPICS_RESULT);
+  int rc = 0;
+  if (rd_kafka_event_error(ev) != RD_KAFKA_RESP_ERR_NO_ERROR) {
+    std::fprintf(stderr, "CreateTopics: %s\n", rd_kafka_event_error_string(ev));
+    rc = 1;
+  } else {
+    size_t n = 0;
+    const rd_kafka_topic_result_t** res =
+        rd_kafka_CreateTopics_result_topics(rd_kafka_event_CreateTopics_result(ev), &n);
+    rc = CheckTopicResults(res, n, "create");
+  }
+  rd_kafka_event_destroy(ev);
+  rd_kafka_queue_destroy(queue);
+  rd_kafka_AdminOptions_destroy(opts);
+  rd_kafka_NewTopic_destroy(nt);
+  rd_kafka_destroy(rk);
+  return rc;
+}
+
+int Delete(const char* brokers, const char* prefix) {
+  rd_kafka_t* rk = Connect(brokers);
+  const rd_kafka_metadata_t* md = nullptr;
+  rd_kafka_resp_err_t e = rd_kafka_metadata(rk, 1, nullptr, &md, kTimeoutMs);
+  if (e != RD_KAFKA_RESP_ERR_NO_ERROR) {
+    std::fprintf(stderr, "metadata: %s\n", rd_kafka_err2str(e));
+    return 1;
+  }
+  std::vector<rd_kafka_DeleteTopic_t*> victims;
+  for (int i = 0; i < md->topic_cnt; ++i) {
+    const char* name = md->topics[i].topic;
+    if (std::strncmp(name, prefix, std::strlen(prefix)) == 0) {
+      victims.push_back(rd_kafka_DeleteTopic_new(name));
+      std::printf("%s\n", name);
+    }
+  }
+  rd_kafka_metadata_destroy(md);
+  int rc = 0;
+  if (!victims.empty()) {
+    char err[512];
+    rd_kafka_AdminOptions_t* opts = rd_kafka_AdminOptions_new(rk, RD_KAFKA_ADMIN_OP_DELETETOPICS);
+    rd_kafka_AdminOptions_set_operation_timeout(opts, kTimeoutMs, err, sizeof err);
+    rd_kafka_queue_t* queue = rd_kafka_queue_new(rk);
+    rd_kafka_DeleteTopics(rk, victims.data(), victims.size(), opts, queue);
+    rd_kafka_event_t* ev = WaitFor(queue, RD_KAFKA_EVENT_DELETETOPICS_RESULT);
+    if (rd_kafka_event_error(ev) != RD_KAFKA_RESP_ERR_NO_ERROR) {
+      std::fprintf(stderr, "DeleteTopics: %s\n", rd_kafka_event_error_string(ev));
+      rc = 1;
+    } else {
+      size_t n = 0;
+      const rd_kafka_topic_result_t** res =
+          rd_kafka_DeleteTopics_result_topics(rd_kafka_event_DeleteTopics_result(ev), &n);
+      rc = CheckTopicResults(res, n, "delete");
+    }
+    rd_kafka_event_destroy(ev);
+    rd_kafka_queue_destroy(queue);
+    rd_kafka_AdminOptions_destroy(opts);
+    for (auto* v : victims) rd_kafka_DeleteTopic_destroy(v);
+  }
+  rd_kafka_destroy(rk);
+  return rc;
+}
+
+int Usage() {
+  std::fprintf(stderr,
+               "usage: bench_kafka_admin create BROKERS TOPIC PARTITIONS [CONFIG=VALUE ...]\n"
+               "       bench_kafka_admin delete BROKERS PREFIX\n");
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc >= 5 && std::strcmp(argv[1], "create") == 0) {
+    return Create(argv[2], argv[3], std::atoi(argv[4]), argc - 5, argv + 5);
+  }
+  if (argc == 4 && std::strcmp(argv[1], "delete") == 0) return Delete(argv[2], argv[3]);
+  return Usage();
+}
