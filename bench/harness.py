@@ -1017,6 +1017,12 @@ END $$;
                         f"{(f'{kb:.1f}' if kb is not None else '-'):>7s} "
                         + (f"{r['peak_rss_kb'] / 1024:>7.1f}MB" if r.get("peak_rss_kb")
                            else f"{'-':>9s}"))
+                for c, r in s["contenders"].items():
+                    if r.get("startup_seconds") is not None and r.get(
+                            "events_per_s_after_first_event"):
+                        lines.append(f"{'':8s}   {c}: first row delivered after "
+                                     f"{r['startup_seconds']:.2f} s, then "
+                                     f"{r['events_per_s_after_first_event']:,.0f} events/s")
                 if s.get("marking_on_over_off"):
                     lines.append(f"{size:8s} marking on / off throughput: "
                                  f"{s['marking_on_over_off']:.2f}")
@@ -1028,7 +1034,7 @@ END $$;
                          f"{live['seconds_per_rate']} s per rate)")
             hdr = (f"{'rate':>5s} {'ins/s':>7s} {'rows':>7s} {'p50 ms':>7s} {'p99 ms':>7s} "
                    f"{'p99.9 ms':>8s} {'max ms':>7s} {'hist p99':>8s} {'<=50ms':>7s} "
-                   f"{'WAL max':>9s} {'cpu s/M':>8s}")
+                   f"{'WAL max':>9s} {'cpu s/M':>8s} {'walsnd':>7s} {'catchup':>7s}")
             lines.append(hdr)
             lines.append("-" * len(hdr))
             for pct, r in live["rates"].items():
@@ -1043,7 +1049,13 @@ END $$;
                     f"{f(lat.get('p999'), 8)} {f(lat.get('max'))} {f(h['p99_ms'], 8)} "
                     f"{f((h['fraction_le_50ms'] or 0) * 100, 6, 2)}% "
                     f"{(r.get('retained_wal_bytes_max') or 0) / 2**20:>7.1f}MB "
-                    f"{f(r.get('relay_cpu_s_per_million'), 8, 2)}")
+                    f"{f(r.get('relay_cpu_s_per_million'), 8, 1)} "
+                    f"{f(r.get('walsender_cpu_s_per_million'), 7, 1)} "
+                    f"{f(r.get('catch_up_seconds_after_load'), 6, 2)}s")
+            lines.append("p50/p99/p99.9/max: commit (pgoutput) -> broker LogAppendTime per "
+                         "row; hist p99 and <=50ms: the relay's commit->ack histogram; WAL max: "
+                         "slot retained WAL (restart_lsn); cpu s/M: relay and walsender CPU "
+                         "per million events")
             lines.append(f"records consumed {live.get('records_consumed')}, duplicates "
                          f"{live.get('duplicates')}, without commit row "
                          f"{live.get('records_without_commit_row')}")
