@@ -88,10 +88,16 @@ Status Relay::Prepare() {
 
   // The start position is set by SetupSlot from the slot itself.
   tracker_ = std::make_unique<tracking::AckTracker>(kInvalidLsn, config_.mark);
-  if (const char* fault = std::getenv("OUTBOX_TEST_FAULT");
-      fault != nullptr && std::string_view(fault) == "confirm-newest") {
-    spdlog::warn("TEST FAULT confirm-newest: the confirmation rule is broken on purpose");
-    tracker_->EnableUnsafeConfirmNewest();
+  // Test-only faults, so the fault tests can show what they would catch.
+  if (const char* env = std::getenv("OUTBOX_TEST_FAULT")) {
+    std::string_view fault(env);
+    if (fault == "confirm-newest") {
+      spdlog::warn("TEST FAULT confirm-newest: the confirmation rule is broken on purpose");
+      tracker_->EnableUnsafeConfirmNewest();
+    } else if (fault.starts_with("fatal-after:")) {
+      test_fatal_after_ = std::stoull(std::string(fault.substr(12)));
+      spdlog::warn("TEST FAULT: fatal producer error after {} records", test_fatal_after_);
+    }
   }
   auto mapper = outbox::RecordMapper::Create(config_.mapper);
   if (!mapper) return std::unexpected(mapper.error());
@@ -116,6 +122,7 @@ Status Relay::Prepare() {
       spdlog::warn("Kafka not reachable yet ({}); records wait in the producer until it is",
                    st.error().message);
     }
+    producer_ = producer->get();
     sink_ = std::move(*producer);
   }
   if (config_.mark) {
@@ -158,6 +165,7 @@ int Relay::Run(const std::atomic<bool>& stop) {
     milliseconds wait = Backoff(attempt);
     spdlog::warn("setup: {} (retrying in {} ms)", st.error().message, wait.count());
     marker_.reset();
+    producer_ = nullptr;
     sink_.reset();
     SleepUnlessStopped(wait, stop, stats_);
   }
@@ -425,7 +433,10 @@ Status Relay::Produce(const outbox::KafkaRecord& record, tracking::Transaction* 
       return std::unexpected(accepted.error());
     }
     if (*accepted == kafka::Sink::Accepted::kQueued) {
-      stats_.produced.fetch_add(1, std::memory_order_relaxed);
+      uint64_t n = stats_.produced.fetch_add(1, std::memory_order_relaxed) + 1;
+      if (n == test_fatal_after_ && producer_ != nullptr) [[unlikely]] {
+        producer_->InjectFatalErrorForTest();
+      }
       return Ok();
     }
     // The producer's queue is full: keep the walsender content while waiting.
@@ -529,7 +540,7 @@ void Relay::OnDelivery(const kafka::Delivery& d) {
     DeadLetterRefused(d, tx);
     return;
   }
-  spdlog::error("{}", d.error->message);
+  if (!tracker_->failure()) spdlog::error("{}", d.error->message);  // the first says it all
   tracker_->OnFailed(tx, d.error->message);
 }
 
@@ -608,6 +619,7 @@ int Relay::Shutdown(pg::ReplicationStream* stream, bool failed) {
     }
     (void)stream->Finish(std::min(remaining(), milliseconds(2000)) + milliseconds(100));
   }
+  producer_ = nullptr;
   sink_.reset();  // joins the delivery thread
   if (sampler_) sampler_->Stop();
   auto failure = tracker_->failure();

@@ -204,6 +204,11 @@ Result<Sink::Accepted> KafkaProducer::Produce(const outbox::KafkaRecord& record,
   return Fail(ErrorCode::kFatal, "produce to '{}': {}", record.topic, rd_kafka_err2str(err));
 }
 
+void KafkaProducer::InjectFatalErrorForTest() {
+  rd_kafka_test_fatal_error(rk_.get(), RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
+                            "injected by OUTBOX_TEST_FAULT");
+}
+
 Status KafkaProducer::Flush(std::chrono::milliseconds timeout) {
   rd_kafka_resp_err_t err = rd_kafka_flush(rk_.get(), static_cast<int>(timeout.count()));
   if (err == RD_KAFKA_RESP_ERR__TIMED_OUT) {

@@ -46,6 +46,8 @@ void AckTracker::NoteTransactionId(Transaction* tx, uint64_t xid8) {
 
 void AckTracker::Commit(Transaction* tx, Lsn end_lsn) {
   tx->end_lsn = end_lsn;
+  newest_end_.store(std::max(newest_end_.load(std::memory_order_relaxed), end_lsn.value()),
+                    std::memory_order_relaxed);
   Release(tx, 1);  // the "open" token: from here only deliveries remain
 }
 
@@ -56,6 +58,10 @@ void AckTracker::Abandon(Transaction* tx) {
 
 void AckTracker::OnDelivered(Transaction* tx) {
   rows_in_flight_.fetch_sub(1, std::memory_order_relaxed);
+  if (unsafe_confirm_newest_) [[unlikely]] {
+    std::lock_guard lock(mu_);
+    confirmed_.store(std::max(confirmed_.load(), newest_end_.load()), std::memory_order_release);
+  }
   Release(tx, 1);
 }
 
@@ -79,9 +85,7 @@ void AckTracker::Release(Transaction* tx, int64_t count) {
 void AckTracker::Complete(Transaction* tx) {
   std::lock_guard lock(mu_);
   tx->delivered = true;
-  if (unsafe_confirm_newest_ && !tx->abandoned) {
-    confirmed_.store(std::max(confirmed_.load(), tx->end_lsn.value()));
-  }
+
   if (tx->abandoned || !marking_) {
     tx->marked = true;  // nothing to mark: abandoned rows come again with the re-sent transaction
   } else {

@@ -21,6 +21,7 @@
 #include "outbox_relay/app/sampler.h"
 #include "outbox_relay/app/stats.h"
 #include "outbox_relay/core/result.h"
+#include "outbox_relay/kafka/producer.h"
 #include "outbox_relay/kafka/sink.h"
 #include "outbox_relay/marker/marker.h"
 #include "outbox_relay/metrics/http_server.h"
@@ -87,6 +88,8 @@ class Relay {
   std::optional<outbox::DeadLetterBuilder> dead_letters_;
   std::optional<outbox::DeadLetterBuilder> refused_letters_;  // delivery thread only
   bool need_slot_setup_ = true;
+  kafka::KafkaProducer* producer_ = nullptr;  // sink_ when it is Kafka
+  uint64_t test_fatal_after_ = 0;             // OUTBOX_TEST_FAULT=fatal-after:N
 
   // Replication-loop state.
   pgoutput::RelationCache relations_;

@@ -63,6 +63,9 @@ class KafkaProducer final : public Sink {
   // Broker metadata request: ok when a broker answered within `timeout`.
   Status CheckConnection(std::chrono::milliseconds timeout);
   rd_kafka_t* handle() const { return rk_.get(); }
+  // TEST ONLY: puts the producer in the fatal state an idempotence failure
+  // (e.g. an out-of-order sequence) would.
+  void InjectFatalErrorForTest();
 
  private:
   KafkaProducer() = default;

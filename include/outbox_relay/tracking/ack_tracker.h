@@ -72,9 +72,10 @@ class AckTracker {
   // (no marker runs, e.g. a benchmark with marking off).
   explicit AckTracker(Lsn start, bool marking = true);
 
-  // TEST ONLY: breaks the confirmation rule by confirming each transaction as
-  // soon as its own rows are acknowledged, ignoring the ones before it and the
-  // marking. Exists so the crash tests can prove they detect loss.
+  // TEST ONLY: breaks the confirmation rule the way a naive relay does: on
+  // every delivery report, confirm the end of the newest transaction received,
+  // whatever is still in flight before it. Exists so the crash tests can prove
+  // they detect loss.
   void EnableUnsafeConfirmNewest() { unsafe_confirm_newest_ = true; }
 
   // A new slot starts at a new position. Only while nothing is in flight.
@@ -147,6 +148,7 @@ class AckTracker {
   uint64_t next_seq_ = 0;
   const bool marking_;
   bool unsafe_confirm_newest_ = false;
+  std::atomic<uint64_t> newest_end_{0};  // end of the last committed transaction received
 };
 
 }  // namespace outbox_relay::tracking

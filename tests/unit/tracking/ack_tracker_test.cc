@@ -193,10 +193,11 @@ TEST(AckTracker, UnsafeConfirmNewestFaultBreaksThePrefixRule) {
   // The test-only fault the crash tests use to prove they can see loss.
   AckTracker t(Lsn(1));
   t.EnableUnsafeConfirmNewest();
-  AddTx(t, 100, 1);
-  Transaction* b = AddTx(t, 200, 1);
-  t.OnDelivered(b);
-  EXPECT_EQ(t.confirmed(), Lsn(200)) << "confirmed past the unacked transaction ending at 100";
+  Transaction* a = AddTx(t, 100, 1);
+  AddTx(t, 200, 1);
+  AddTx(t, 300, 1);
+  t.OnDelivered(a);
+  EXPECT_EQ(t.confirmed(), Lsn(300)) << "confirmed past the unacked transactions ending at 200, 300";
 }
 
 TEST(AckTracker, DeadLetterFromTheDeliveryThreadKeepsTheTransactionOpen) {
