@@ -1,0 +1,137 @@
+// A transaction's commit reaches the WAL (and so the relay, through logical
+// decoding) before it becomes visible to other sessions' snapshots: the
+// committing backend flushes its commit record, then waits for synchronous
+// replication (if configured) and only then leaves the proc array. A row the
+// relay published in that window must still end up marked (offset_acked set),
+// and the slot must not be confirmed past it before it is (DESIGN §2.4, §2.8).
+//
+// Synchronous replication makes the window as long as the test wants: on a
+// cluster of its own (the setting would stall every commit on the shared
+// server) with synchronous_standby_names naming a standby that never connects,
+// a session with synchronous_commit=on waits in SyncRep after its local flush
+// until the test cancels the wait. In production the same window is one round
+// trip to the synchronous standby on every commit; without one it is short but
+// real (a descheduled backend), which is how EndToEnd caught it first.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "fixture.h"
+#include "support/throwaway_pg.h"
+
+namespace outbox_test {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+class Marking : public RelayTest {};
+
+TEST_F(Marking, RowDecodedBeforeItIsVisibleIsStillMarked) {
+  ThrowawayPostgres cluster(FreeLocalPort(56100 + static_cast<int>(getpid() % 500)),
+                            "-c wal_level=logical -c synchronous_standby_names=it_no_such_standby "
+                            "-c synchronous_commit=local -c max_wal_senders=4 "
+                            "-c max_replication_slots=4");
+  Pg cdb(cluster.url());
+  cdb.Exec(OutboxTableDdl(name_));
+  RelayProcess& relay = StartRelay({}, {{"DATABASE_URL", cluster.url()}});
+  ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
+
+  WorkloadOptions options = Workload();
+  options.database_url = cluster.url();
+  Ledger ledger;
+  Writer writer(options, &ledger, -1, 1);
+  writer.pg().Exec("SET synchronous_commit = on");  // only this session waits for the standby
+  int64_t writer_pid = writer.pg().Int("SELECT pg_backend_pid()");
+  std::string writer_error;
+  std::thread commit([&] {
+    try {
+      writer.Transaction({.rows = 1});
+    } catch (const std::exception& e) {
+      writer_error = e.what();
+    }
+  });
+  // Make sure the thread is joined whatever fails below.
+  struct Joiner {
+    Pg& db;
+    int64_t pid;
+    std::thread& t;
+    ~Joiner() {
+      if (!t.joinable()) return;
+      try {
+        db.Exec(fmt::format("SELECT pg_cancel_backend({})", pid));
+      } catch (...) {
+      }
+      t.join();
+    }
+  } joiner{cdb, writer_pid, commit};
+
+  // The commit is flushed locally and waits for the (absent) synchronous standby.
+  auto deadline = std::chrono::steady_clock::now() + seconds(10);
+  std::optional<std::string> wait_event;
+  while (std::chrono::steady_clock::now() < deadline) {
+    wait_event = cdb.Scalar(
+        fmt::format("SELECT wait_event FROM pg_stat_activity WHERE pid = {}", writer_pid));
+    if (wait_event == "SyncRep") break;
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  ASSERT_EQ(wait_event, std::optional<std::string>("SyncRep"))
+      << "the writer's COMMIT is not waiting for synchronous replication";
+  uint64_t wal_after_commit = ParseLsn(*cdb.Scalar("SELECT pg_current_wal_lsn()"));
+
+  // Meanwhile the relay decodes the commit and publishes the row.
+  auto records = ReadTopics({.max_records = 1, .timeout = seconds(20)});
+  ASSERT_EQ(records.size(), 1u) << "the relay did not publish the row while its commit waited\n"
+                                << relay.LogTail();
+  // The marker has run for it (the commit index gets its row in the same statement).
+  int64_t indexed = 0;
+  deadline = std::chrono::steady_clock::now() + seconds(10);
+  while (std::chrono::steady_clock::now() < deadline && indexed == 0) {
+    indexed = cdb.Int("SELECT count(*) FROM outbox_relay.commits WHERE slot_name = $1", {name_});
+    if (indexed == 0) std::this_thread::sleep_for(milliseconds(100));
+  }
+  auto slot_before = QuerySlot(cdb, name_);
+  bool confirmed_while_invisible =
+      slot_before && slot_before->confirmed_flush_lsn >= wal_after_commit;
+
+  // End the wait: the transaction leaves the proc array and its row becomes visible.
+  cdb.Exec(fmt::format("SELECT pg_cancel_backend({})", writer_pid));
+  commit.join();
+  ASSERT_EQ(writer_error, "");
+  ASSERT_EQ(ledger.committed().size(), 1u);
+  const WrittenRow row = ledger.committed()[0];
+  std::string table = QuoteIdent(name_);
+
+  // The relay must mark it (now or by retrying); give it 10 s.
+  int64_t unacked = 1;
+  deadline = std::chrono::steady_clock::now() + seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    unacked = cdb.Int(fmt::format("SELECT count(*) FROM {} WHERE offset_acked IS NULL", table));
+    if (unacked == 0) break;
+    std::this_thread::sleep_for(milliseconds(200));
+  }
+  auto slot_after = QuerySlot(cdb, name_);
+  fmt::print(
+      "marking: row {} (xid {}) published to Kafka and indexed ({} commit-index rows) while its "
+      "COMMIT waited in SyncRep; slot confirmed past it before it was visible: {}; after it "
+      "became visible: {} unacked row(s) 10 s later; confirmed_flush_lsn {} (commit ended before "
+      "{})\n",
+      row.uuid, row.xid, indexed, confirmed_while_invisible ? "yes" : "no", unacked,
+      slot_after && slot_after->confirmed_flush_lsn ? FormatLsn(*slot_after->confirmed_flush_lsn)
+                                                    : "?",
+      FormatLsn(wal_after_commit));
+  EXPECT_EQ(unacked, 0) << "a published row stays offset_acked IS NULL for good: the marker's "
+                           "UPDATE ran while the transaction was not yet visible to its snapshot, "
+                           "matched nothing, and the relay took the transaction as marked";
+  if (unacked != 0) {
+    EXPECT_FALSE(slot_after && slot_after->confirmed_flush_lsn >= wal_after_commit)
+        << "the slot was confirmed past a row that is not marked (DESIGN §2.4 (b))";
+  }
+
+  relay.Terminate();
+  EXPECT_EQ(relay.Wait(seconds(30)), std::optional<int>(0)) << relay.LogTail();
+}
+
+}  // namespace
+}  // namespace outbox_test
