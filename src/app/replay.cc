@@ -168,15 +168,17 @@ Result<Range> ResolveRange(pg::Connection& conn, const ReplayConfig& c) {
 // The range as the index has it, and what cleanup already took from it.
 Status Survey(pg::Connection& conn, const ReplayConfig& c, const Range& range,
               ReplayReport* report) {
+  // LATERAL: `found` is computed once per transaction (a scalar subquery
+  // would be planned once per reference).
   std::string sql = fmt::format(
-      "SELECT count(*), coalesce(sum(t.row_count), 0), coalesce(sum(t.found), 0),"
-      " count(*) FILTER (WHERE t.found < t.row_count),"
-      " coalesce(sum(GREATEST(t.row_count - t.found, 0)), 0),"
-      " min(t.commit_lsn)::text, max(t.commit_lsn)::text,"
-      " min(t.commit_time)::text, max(t.commit_time)::text"
-      " FROM (SELECT c.commit_lsn, c.commit_time, c.row_count,"
-      "  (SELECT count(*) FROM {table} o WHERE o.{xid} = ANY(c.transaction_ids)) AS found"
-      "  FROM outbox_relay.commits c WHERE c.slot_name = $1 AND {range}) t",
+      "SELECT count(*), coalesce(sum(c.row_count), 0), coalesce(sum(f.found), 0),"
+      " count(*) FILTER (WHERE f.found < c.row_count),"
+      " coalesce(sum(GREATEST(c.row_count - f.found, 0)), 0),"
+      " min(c.commit_lsn)::text, max(c.commit_lsn)::text,"
+      " min(c.commit_time)::text, max(c.commit_time)::text"
+      " FROM outbox_relay.commits c CROSS JOIN LATERAL"
+      " (SELECT count(*) AS found FROM {table} o WHERE o.{xid} = ANY(c.transaction_ids)) f"
+      " WHERE c.slot_name = $1 AND {range}",
       fmt::arg("table", c.relay.table_name.Quoted()),
       fmt::arg("xid", pg::QuoteIdent(c.relay.columns.transaction_id)),
       fmt::arg("range", range.predicate));
@@ -597,6 +599,11 @@ int ReplayCommand(ReplayConfig& c) {
                                    "outbox-relay-replay");
   if (!conn) {
     spdlog::error("replay: {}", conn.error().message);
+    return kExitFailure;
+  }
+  // Short index lookups only: JIT compilation would cost more than it saves.
+  if (auto jit = conn->Exec("SET jit = off"); !jit) {
+    spdlog::error("replay: {}", jit.error().message);
     return kExitFailure;
   }
   auto columns = CheckTable(*conn, c);
