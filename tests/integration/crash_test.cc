@@ -129,7 +129,8 @@ TEST_F(Crash, KillNineUnderLoad) {
   // The last instance catches up, then stops cleanly.
   ASSERT_TRUE(WaitStreaming(*relay)) << relay->LogTail();
   auto catch_up = std::chrono::steady_clock::now();
-  EXPECT_EQ(WaitAllAcked(seconds(120)), 0) << "rows still unacked after 120 s";
+  EXPECT_EQ(WaitAllAcked(seconds(120)), 0) << "rows still unacked after 120 s\n"
+                                           << DescribeUnacked();
   double catch_up_s = SecondsSince(catch_up);
   EXPECT_EQ(MisackedRows(), 0);
   CheckCommitIndex(ledger);

@@ -79,10 +79,12 @@ TEST_F(EndToEnd, TenThousandEventsMixedTransactions) {
 
   // The table: every row marked with its own offset.
   auto catch_up_start = std::chrono::steady_clock::now();
-  int64_t unacked = WaitAllAcked(seconds(60));
-  fmt::print("catch-up: all rows acked {:.2f} s after the last commit\n",
+  int64_t unacked = WaitAllAcked(seconds(30));
+  fmt::print("catch-up: {} rows unacked {:.2f} s after the last commit\n", unacked,
              SecondsSince(catch_up_start));
-  EXPECT_EQ(unacked, 0) << "rows still offset_acked IS NULL after 60 s";
+  EXPECT_EQ(unacked, 0) << "rows still offset_acked IS NULL after 30 s (see "
+                           "Marking.RowDecodedBeforeItIsVisibleIsStillMarked)\n"
+                        << DescribeUnacked();
   EXPECT_EQ(MisackedRows(), 0) << "rows with offset_acked <> offset_consumed";
   EXPECT_EQ(db_->Int(fmt::format("SELECT count(*) FROM {}", QuoteIdent(name_))), 10000);
 

@@ -133,6 +133,26 @@ int64_t RelayTest::UnackedRows() {
       fmt::format("SELECT count(*) FROM {} WHERE offset_acked IS NULL", QuoteIdent(name_)));
 }
 
+std::string RelayTest::DescribeUnacked() {
+  auto rows = db_->Query(
+      fmt::format("SELECT t.offset_consumed, t.uuid, t.transaction_id, "
+                  " (SELECT count(*) FROM {0} a WHERE a.transaction_id = t.transaction_id), "
+                  " EXISTS (SELECT 1 FROM outbox_relay.commits c WHERE c.slot_name = $1 "
+                  "         AND t.transaction_id = ANY (c.transaction_ids)) "
+                  "FROM {0} t WHERE t.offset_acked IS NULL ORDER BY t.offset_consumed LIMIT 10",
+                  QuoteIdent(name_)),
+      {name_});
+  std::string out;
+  for (const Row& r : rows) {
+    out += fmt::format(
+        "  unacked: offset {} uuid {} xid {} ({} rows in its transaction); commit index {}\n",
+        r[0].value_or("?"), r[1].value_or("?"), r[2].value_or("?"), r[3].value_or("?"),
+        r[4] == "t" ? "HAS the transaction: it was published and taken as marked"
+                    : "does not have the transaction");
+  }
+  return out;
+}
+
 int64_t RelayTest::MisackedRows() {
   return db_->Int(fmt::format(
       "SELECT count(*) FROM {} WHERE offset_acked IS NOT NULL AND offset_acked <> offset_consumed",

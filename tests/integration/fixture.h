@@ -45,6 +45,9 @@ class RelayTest : public ::testing::Test {
   int64_t WaitAllAcked(std::chrono::milliseconds timeout);
   // Rows whose offset_acked is NULL, and rows whose offset_acked differs from offset_consumed.
   int64_t UnackedRows();
+  // The unacked rows (first few): offset, uuid, xid, whether the commit index
+  // has their transaction (then the relay published it and believes it marked).
+  std::string DescribeUnacked();
   int64_t MisackedRows();
 
   // Polls the slot until confirmed_flush_lsn >= `lsn`; returns the last value seen.

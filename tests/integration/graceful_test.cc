@@ -54,7 +54,7 @@ TEST_F(Graceful, SigtermRestartUnderLoadHasNoDuplicates) {
   ASSERT_EQ(load_error, "") << "writer failed";
 
   auto catch_up = std::chrono::steady_clock::now();
-  EXPECT_EQ(WaitAllAcked(seconds(90)), 0) << "rows still unacked after 90 s";
+  EXPECT_EQ(WaitAllAcked(seconds(90)), 0) << "rows still unacked after 90 s\n" << DescribeUnacked();
   double catch_up_s = SecondsSince(catch_up);
   EXPECT_EQ(MisackedRows(), 0);
   CheckCommitIndex(ledger);
