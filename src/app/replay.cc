@@ -498,7 +498,7 @@ void PrintSummary(const ReplayConfig& c, const Range& range, const ReplayReport&
   } else {
     double rate = r.seconds > 0 ? static_cast<double>(r.produced) / r.seconds : 0.0;
     std::printf(
-        "replay: published %lld rows: %lld delivered, %lld failed, %lld poison rows "
+        "replay: produced %lld rows: %lld delivered, %lld failed, %lld poison rows "
         "skipped, in %.2f s (%.0f rows/s)\n",
         static_cast<long long>(r.produced), static_cast<long long>(r.delivered),
         static_cast<long long>(r.failed), static_cast<long long>(r.poison_skipped), r.seconds,

@@ -30,18 +30,20 @@ class OpsReplay : public RelayTest {
  protected:
   std::string ReplayPrefix() const { return topic_prefix_ + ".replay"; }
 
-  std::vector<std::string> ReplayArgs(const std::vector<std::string>& extra) const {
-    std::vector<std::string> args = {"replay",
-                                     "--table",
-                                     "public." + name_,
-                                     "--slot",
-                                     name_,
-                                     "--topic-template",
-                                     ReplayPrefix() + ".{Source-Service}.{Event-Type:aggregate}",
-                                     "--dlq-topic",
-                                     topic_prefix_ + ".dlq",
-                                     "--metrics-addr",
-                                     ""};
+  std::vector<std::string> ReplayArgs(const std::vector<std::string>& extra,
+                                      const std::string& prefix = "") const {
+    std::vector<std::string> args = {
+        "replay",
+        "--table",
+        "public." + name_,
+        "--slot",
+        name_,
+        "--topic-template",
+        (prefix.empty() ? ReplayPrefix() : prefix) + ".{Source-Service}.{Event-Type:aggregate}",
+        "--dlq-topic",
+        topic_prefix_ + ".dlq",
+        "--metrics-addr",
+        ""};
     args.insert(args.end(), extra.begin(), extra.end());
     return args;
   }
@@ -160,7 +162,7 @@ TEST_F(OpsReplay, ReplaysAnLsnRangeInCommitOrderWithReplayHeaders) {
   ASSERT_EQ(replay.exit_code, 0) << replay.Describe();
   EXPECT_NE(replay.out.find(cleanup_line), std::string::npos) << replay.Describe();
   EXPECT_NE(
-      replay.out.find(fmt::format("published {0} rows: {0} delivered, 0 failed", expected.size())),
+      replay.out.find(fmt::format("produced {0} rows: {0} delivered, 0 failed", expected.size())),
       std::string::npos)
       << replay.Describe();
 
@@ -198,6 +200,19 @@ TEST_F(OpsReplay, ReplaysAnLsnRangeInCommitOrderWithReplayHeaders) {
   // Replay never marks or unmarks anything.
   EXPECT_EQ(UnackedRows(), 0);
   EXPECT_EQ(MisackedRows(), 0);
+
+  // Delivery failures: topics that do not exist and may not be created.
+  std::vector<std::string> failing_args = range;
+  failing_args.insert(failing_args.end(),
+                      {"--kafka-property", "allow.auto.create.topics=false", "--kafka-property",
+                       "topic.metadata.propagation.max.ms=1000"});
+  CommandResult failing =
+      RunRelayCommand(ReplayArgs(failing_args, topic_prefix_ + ".missing"), Env());
+  EXPECT_EQ(failing.exit_code, 1) << failing.Describe();
+  EXPECT_NE(failing.out.find("0 delivered"), std::string::npos) << failing.Describe();
+  EXPECT_NE(failing.err.find("were not delivered"), std::string::npos) << failing.Describe();
+  EXPECT_NE(failing.err.find("rerun with --from-lsn " + index[first].commit_lsn), std::string::npos)
+      << failing.Describe();
 }
 
 TEST_F(OpsReplay, EmptyRangeAndBadSettings) {
