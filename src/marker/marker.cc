@@ -3,11 +3,13 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <charconv>
 
 namespace outbox_relay::marker {
 
 namespace {
 
+using Clock = std::chrono::steady_clock;
 constexpr const char* kStatementName = "outbox_relay_mark";
 
 }  // namespace
@@ -18,12 +20,21 @@ Marker::Marker(MarkerOptions options, tracking::AckTracker* tracker, ErrorHook o
 Marker::~Marker() { Stop(std::chrono::milliseconds(0)); }
 
 std::string Marker::MarkSql(const MarkerOptions& o) {
-  // One statement, so one transaction: the rows are marked and the commits
-  // recorded together or not at all.
+  // One statement, so one snapshot and one transaction.
+  //
+  // Visibility: logical decoding sends a transaction once its commit record
+  // is flushed, but other sessions see its rows only after the committing
+  // backend leaves the proc array — later, and much later while it waits for
+  // a synchronous standby. An UPDATE in that window matches nothing. So only
+  // the transactions visible in this statement's snapshot are marked and
+  // indexed; the others come back in the last column and are retried.
   return fmt::format(
-      "WITH marked AS ("
+      "WITH batch AS (SELECT x FROM unnest($1::xid8[]) AS x"
+      "), visible AS ("
+      " SELECT x FROM batch WHERE pg_visible_in_snapshot(x, pg_current_snapshot())"
+      "), marked AS ("
       " UPDATE {table} SET {acked} = {offset}"
-      " WHERE {xid} = ANY($1::xid8[]) AND {acked} IS NULL RETURNING 1"
+      " WHERE {xid} = ANY(ARRAY(SELECT x FROM visible)) AND {acked} IS NULL RETURNING 1"
       "), indexed AS ("
       " INSERT INTO outbox_relay.commits"
       " (slot_name, commit_lsn, end_lsn, transaction_ids, commit_time, row_count)"
@@ -32,8 +43,11 @@ std::string Marker::MarkSql(const MarkerOptions& o) {
       " FROM unnest($3::pg_lsn[], $4::pg_lsn[], $5::text[], $6::bigint[], $7::int[])"
       " AS c(commit_lsn, end_lsn, xids, micros, row_count)"
       " WHERE c.commit_lsn <> '0/0'::pg_lsn"  // backfilled rows have no commit LSN
+      " AND NOT EXISTS (SELECT 1 FROM unnest(c.xids::xid8[]) AS y"
+      "  WHERE NOT pg_visible_in_snapshot(y, pg_current_snapshot()))"
       " ON CONFLICT (slot_name, commit_lsn) DO NOTHING RETURNING 1"
-      ") SELECT (SELECT count(*) FROM marked), (SELECT count(*) FROM indexed)",
+      ") SELECT (SELECT count(*) FROM marked), (SELECT count(*) FROM indexed),"
+      " ARRAY(SELECT x FROM batch EXCEPT SELECT x FROM visible)::text",
       fmt::arg("table", o.table.Quoted()), fmt::arg("acked", pg::QuoteIdent(o.acked_column)),
       fmt::arg("offset", pg::QuoteIdent(o.offset_column)),
       fmt::arg("xid", pg::QuoteIdent(o.transaction_id_column)));
@@ -75,24 +89,32 @@ MarkerStats Marker::stats() const {
 
 void Marker::Loop() {
   std::vector<tracking::Transaction*> batch;
+  std::vector<tracking::Transaction*> marked;
+  std::vector<tracking::Transaction*> not_visible;  // retried in the next round
   auto backoff = std::chrono::milliseconds(100);
+  auto waiting_since = std::chrono::steady_clock::time_point{};
+  bool warned = false;
   while (true) {
-    batch.clear();
-    tracker_->TakeDelivered(&batch, options_.batch_max, std::chrono::milliseconds(50));
+    batch.assign(not_visible.begin(), not_visible.end());
+    not_visible.clear();
+    // Only transactions waiting to become visible: look again soon.
+    auto wait = batch.empty() ? std::chrono::milliseconds(50) : std::chrono::milliseconds(2);
+    tracker_->TakeDelivered(&batch, std::max(options_.batch_max, batch.size()), wait);
     if (batch.empty()) {
       if (stopping_.load()) return;
       continue;
     }
     while (true) {
+      marked.clear();
+      not_visible.clear();
       Status st = conn_ ? Ok() : Connect();
-      if (st) st = MarkBatch(batch);
+      if (st) st = MarkBatch(batch, &marked, &not_visible);
       if (st) break;
       errors_.fetch_add(1);
       if (on_error_) on_error_(st.error());
       spdlog::warn("marker: {} (retrying in {} ms)", st.error().message, backoff.count());
       conn_.reset();
-      if (stopping_.load() &&
-          std::chrono::steady_clock::now().time_since_epoch().count() > deadline_ns_.load()) {
+      if (stopping_.load() && Clock::now().time_since_epoch().count() > deadline_ns_.load()) {
         spdlog::error(
             "marker: stopping with {} delivered transactions unmarked; they will be "
             "re-sent and marked after the restart",
@@ -103,11 +125,32 @@ void Marker::Loop() {
       backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
     }
     backoff = std::chrono::milliseconds(100);
-    tracker_->OnMarked(batch);
+    tracker_->OnMarked(marked);
+    if (not_visible.empty()) {
+      waiting_since = {};
+      warned = false;
+      continue;
+    }
+    if (waiting_since == Clock::time_point{}) waiting_since = Clock::now();
+    if (!warned && Clock::now() - waiting_since > std::chrono::seconds(10)) {
+      warned = true;
+      spdlog::warn(
+          "marker: {} transactions are in the WAL but not yet visible after 10 s (commit "
+          "waiting for a synchronous standby?); the slot is held before them until they are",
+          not_visible.size());
+    }
+    if (stopping_.load() && Clock::now().time_since_epoch().count() > deadline_ns_.load()) {
+      spdlog::error("marker: stopping with {} transactions not yet visible, unmarked",
+                    not_visible.size());
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
 
-Status Marker::MarkBatch(const std::vector<tracking::Transaction*>& batch) {
+Status Marker::MarkBatch(const std::vector<tracking::Transaction*>& batch,
+                         std::vector<tracking::Transaction*>* marked,
+                         std::vector<tracking::Transaction*>* not_visible) {
   // Array literals in text form: {1,2,3}; transaction_ids per commit as {a,b}.
   xids_.assign("{");
   commit_lsns_.assign("{");
@@ -144,11 +187,29 @@ Status Marker::MarkBatch(const std::vector<tracking::Transaction*>& batch) {
   if (!res || PQresultStatus(res.get()) != PGRES_TUPLES_OK) {
     return std::unexpected(pg::ErrorFromResult(res.get(), conn_->get(), "mark delivered rows"));
   }
-  uint64_t marked = 0;
-  if (auto v = pg::GetValue(res.get(), 0, 0)) marked = std::stoull(std::string(*v));
+  uint64_t rows = 0;
+  if (auto v = pg::GetValue(res.get(), 0, 0)) rows = std::stoull(std::string(*v));
+  // "{12,15}": the transaction ids not visible yet.
+  invisible_.clear();
+  std::string_view list = pg::GetValue(res.get(), 0, 2).value_or("{}");
+  for (size_t pos = 1; pos < list.size();) {
+    size_t end = list.find_first_of(",}", pos);
+    if (end == std::string_view::npos || end == pos) break;
+    uint64_t id = 0;
+    std::from_chars(list.data() + pos, list.data() + end, id);
+    invisible_.push_back(id);
+    pos = end + 1;
+  }
+  for (tracking::Transaction* tx : batch) {
+    bool visible =
+        std::none_of(tx->transaction_ids.begin(), tx->transaction_ids.end(), [&](uint64_t id) {
+          return std::find(invisible_.begin(), invisible_.end(), id) != invisible_.end();
+        });
+    (visible ? marked : not_visible)->push_back(tx);
+  }
   batches_.fetch_add(1, std::memory_order_relaxed);
-  transactions_.fetch_add(batch.size(), std::memory_order_relaxed);
-  rows_marked_.fetch_add(marked, std::memory_order_relaxed);
+  transactions_.fetch_add(marked->size(), std::memory_order_relaxed);
+  rows_marked_.fetch_add(rows, std::memory_order_relaxed);
   return Ok();
 }
 

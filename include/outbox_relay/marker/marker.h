@@ -70,7 +70,11 @@ class Marker {
  private:
   void Loop();
   Status Connect();
-  Status MarkBatch(const std::vector<tracking::Transaction*>& batch);
+  // Marks the visible transactions of `batch` into `marked`; the ones whose
+  // commit is not visible yet go to `not_visible`.
+  Status MarkBatch(const std::vector<tracking::Transaction*>& batch,
+                   std::vector<tracking::Transaction*>* marked,
+                   std::vector<tracking::Transaction*>* not_visible);
 
   MarkerOptions options_;
   tracking::AckTracker* tracker_;
@@ -82,6 +86,7 @@ class Marker {
   std::atomic<uint64_t> batches_{0}, transactions_{0}, rows_marked_{0}, errors_{0};
   // Reused parameter buffers.
   std::string xids_, commit_lsns_, end_lsns_, times_, counts_, tx_xids_;
+  std::vector<uint64_t> invisible_;
 };
 
 }  // namespace outbox_relay::marker
