@@ -311,9 +311,14 @@ class Replayer {
       auto columns = outbox::ColumnMap::Resolve(RelationFromResult(r), cols);
       if (!columns) return std::unexpected(columns.error());
       for (int i = 0; i < n; ++i) {
-        if (g_replay_stop.load() || Failed()) return Ok();
         auto lsn = Lsn::Parse(*pg::GetValue(r, i, 0));
         if (!lsn) return std::unexpected(lsn.error());
+        if (g_replay_stop.load() || Failed()) {
+          // The current transaction is complete if this row starts the next one.
+          current_complete_ = *lsn != current_lsn_;
+          next_unproduced_ = *lsn;
+          return Ok();
+        }
         TupleFromResult(r, i, &tuple);
         if (auto st = Replay(*columns, tuple, *lsn); !st) return st;
       }
@@ -431,6 +436,7 @@ class Replayer {
       if (tx.outstanding > 0 || tx.failed) return tx.commit_lsn;
     }
     if (!current_complete_ && current_lsn_.valid()) return current_lsn_;
+    if (next_unproduced_) return *next_unproduced_;
     return kInvalidLsn;  // nothing left
   }
 
@@ -460,6 +466,7 @@ class Replayer {
   Lsn current_lsn_;
   std::string lsn_text_;
   bool current_complete_ = false;
+  std::optional<Lsn> next_unproduced_;  // stopped before the transaction at this LSN
   Clock::time_point started_;
   Clock::time_point last_progress_;
 };
