@@ -144,12 +144,12 @@ class Checker {
     can_create_in_db_ = Bool(s, 0, 12);
     Ok("postgres connection", fmt::format("database {} as role {}", database_, role_));
 
-    auto slot = QuerySlotReport(*conn_, r_.slot);
-    if (!slot) {
-      Failed("replication slot", slot.error().message, "");
-      return;
+    if (auto slot = QuerySlotReport(*conn_, r_.slot); slot) {
+      slot_ = std::move(*slot);
+      slot_known_ = true;
+    } else {
+      Failed("slot " + r_.slot, slot.error().message, "");
     }
-    slot_ = std::move(*slot);
 
     Version(Str(s, 0, 1));
     WalLevel(Str(s, 0, 2));
@@ -622,6 +622,7 @@ class Checker {
   }
 
   void Slot() {
+    if (!slot_known_) return;  // reported already
     const std::string name = "slot " + r_.slot;
     const bool reconcile = r_.on_slot_lost == "reconcile";
     const std::string recovery =
@@ -691,16 +692,31 @@ class Checker {
   }
 
   void RelaySchema() {
+    // to_regclass() needs USAGE on the schema; CASE keeps the order.
     auto res = conn_->Exec(
         "SELECT to_regnamespace('outbox_relay') IS NOT NULL, "
-        "to_regclass('outbox_relay.commits') IS NOT NULL, "
-        "to_regclass('outbox_relay.state') IS NOT NULL");
+        "CASE WHEN to_regnamespace('outbox_relay') IS NULL THEN true "
+        "ELSE has_schema_privilege('outbox_relay', 'USAGE') END, "
+        "CASE WHEN to_regnamespace('outbox_relay') IS NULL "
+        "OR NOT has_schema_privilege('outbox_relay', 'USAGE') THEN false "
+        "ELSE to_regclass('outbox_relay.commits') IS NOT NULL "
+        "AND to_regclass('outbox_relay.state') IS NOT NULL END");
     if (!res) {
       Failed("schema outbox_relay", res.error().message, "");
       return;
     }
     bool schema = Bool(res->get(), 0, 0);
-    bool tables = Bool(res->get(), 0, 1) && Bool(res->get(), 0, 2);
+    if (!Bool(res->get(), 0, 1)) {
+      Failed("schema outbox_relay",
+             fmt::format("exists, but {} has no USAGE on it: the relay cannot record its state "
+                         "or the commit index",
+                         role_),
+             fmt::format("GRANT USAGE, CREATE ON SCHEMA outbox_relay TO {0}; GRANT SELECT, "
+                         "INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA outbox_relay TO {0};",
+                         pg::QuoteIdent(role_)));
+      return;
+    }
+    bool tables = Bool(res->get(), 0, 2);
     if (tables) {
       auto priv = conn_->Exec(
           "SELECT has_table_privilege('outbox_relay.commits', 'SELECT, INSERT') AND "
@@ -924,6 +940,7 @@ class Checker {
   bool superuser_ = false;
   bool can_create_in_db_ = false;
   SlotReport slot_;
+  bool slot_known_ = false;
   std::string table_oid_;
   std::string table_owner_;
   bool owns_table_ = false;

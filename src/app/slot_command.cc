@@ -120,11 +120,22 @@ Result<SlotReport> QuerySlotReport(pg::Connection& conn, const std::string& slot
     }
   }
   {
+    // to_regclass() needs USAGE on the schema: ask step by step (CASE keeps
+    // the order), so a role without access is reported, not an error.
     auto res = conn.Exec(
-        "SELECT to_regclass('outbox_relay.state') IS NOT NULL AND "
-        "to_regclass('outbox_relay.commits') IS NOT NULL");
+        "SELECT CASE WHEN to_regnamespace('outbox_relay') IS NULL THEN 'missing' "
+        "WHEN NOT has_schema_privilege('outbox_relay', 'USAGE') THEN 'no USAGE on schema' "
+        "WHEN to_regclass('outbox_relay.state') IS NULL "
+        "OR to_regclass('outbox_relay.commits') IS NULL THEN 'missing' "
+        "WHEN NOT has_table_privilege('outbox_relay.state', 'SELECT') "
+        "OR NOT has_table_privilege('outbox_relay.commits', 'SELECT') THEN 'no SELECT on tables' "
+        "ELSE 'ok' END");
     if (!res) return std::unexpected(res.error());
-    report.relay_schema = Text(res->get(), 0, 0) == "t";
+    std::string access = Text(res->get(), 0, 0).value_or("missing");
+    report.relay_schema = access == "ok";
+    if (access != "ok" && access != "missing") {
+      report.relay_schema_access = fmt::format("{} (role {})", access, conn.user());
+    }
   }
   if (report.relay_schema) {
     auto res = conn.ExecParams(
@@ -184,6 +195,10 @@ std::string FormatSlotReportText(const SlotReport& r) {
     line("safe_wal_size", r.safe_wal_size ? PrettyBytes(*r.safe_wal_size)
                                           : "unlimited (max_slot_wal_keep_size = -1)");
   }
+  if (!r.relay_schema_access.empty()) {
+    out += fmt::format("relay state: cannot read schema outbox_relay: {}\n", r.relay_schema_access);
+    return out;
+  }
   if (!r.relay_schema) {
     out += "relay state: schema outbox_relay not found (the relay never ran here)\n";
     return out;
@@ -230,6 +245,7 @@ std::string FormatSlotReportJson(const SlotReport& r) {
     field("safe_wal_size", OptionalJson(r.safe_wal_size));
   }
   field("relay_schema", r.relay_schema ? "true" : "false");
+  if (!r.relay_schema_access.empty()) field("relay_schema_access", str(r.relay_schema_access));
   std::string state = "{";
   for (const SlotStateRow& s : r.state) {
     if (state.size() > 1) state += ",";

@@ -65,7 +65,8 @@ struct SlotReport {
   std::optional<int64_t> unconfirmed_bytes;  // current WAL - confirmed_flush_lsn
   std::string wal_status;
   std::optional<int64_t> safe_wal_size;  // NULL when max_slot_wal_keep_size = -1
-  bool relay_schema = false;             // outbox_relay.state and .commits exist
+  bool relay_schema = false;             // outbox_relay.state and .commits exist and are readable
+  std::string relay_schema_access;       // why they cannot be read, when they exist but cannot
   std::vector<SlotStateRow> state;       // outbox_relay.state rows of the slot
   int64_t indexed_transactions = 0;      // outbox_relay.commits rows of the slot
   std::optional<std::string> first_commit_lsn, last_commit_lsn;
