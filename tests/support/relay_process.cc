@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -25,7 +26,10 @@ extern char** environ;
 
 namespace outbox_test {
 
-std::string RelayBinary() { return OUTBOX_RELAY_BIN; }
+std::string RelayBinary() {
+  const char* other = std::getenv("OUTBOX_IT_RELAY_BIN");
+  return other != nullptr && *other != '\0' ? other : OUTBOX_RELAY_BIN;
+}
 
 namespace {
 

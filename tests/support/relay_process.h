@@ -14,7 +14,8 @@
 
 namespace outbox_test {
 
-// The relay executable the tests run (OUTBOX_RELAY_BIN).
+// The relay executable the tests run: $OUTBOX_IT_RELAY_BIN if set (to test
+// another build), else the one built with the tests (OUTBOX_RELAY_BIN).
 std::string RelayBinary();
 
 class RelayProcess {

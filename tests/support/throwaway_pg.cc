@@ -8,7 +8,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <stdexcept>
 
 namespace outbox_test {
@@ -29,6 +34,28 @@ bool PortFree(int port) {
   return ok;
 }
 
+// Clusters left by a test process that died without its destructors (e.g. a
+// ctest timeout): stop and remove those whose owner pid is gone.
+void ReapStaleClusters() {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/tmp", ec)) {
+    std::string name = entry.path().filename().string();
+    if (!name.starts_with("outbox-it-pg-")) continue;
+    std::ifstream in(entry.path() / "owner.pid");
+    long owner = 0;
+    if (!(in >> owner) || owner <= 0) continue;
+    if (::kill(static_cast<pid_t>(owner), 0) == 0 || errno != ESRCH) continue;
+    std::string dir = entry.path().string();
+    std::fprintf(stderr, "[throwaway postgres] removing %s, left by dead test process %ld\n",
+                 dir.c_str(), owner);
+    std::string stop =
+        fmt::format("{}/pg_ctl -D {}/data -m immediate -w stop > /dev/null 2>&1", kBin, dir);
+    if (::geteuid() == 0) stop = "runuser -u postgres -- " + stop;
+    (void)std::system(stop.c_str());
+    std::filesystem::remove_all(entry.path(), ec);
+  }
+}
+
 }  // namespace
 
 int FreeLocalPort(int first) {
@@ -39,6 +66,7 @@ int FreeLocalPort(int first) {
 }
 
 ThrowawayPostgres::ThrowawayPostgres(int port, const std::string& settings) : port_(port) {
+  ReapStaleClusters();
   char tmpl[] = "/tmp/outbox-it-pg-XXXXXX";
   if (::mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
   dir_ = tmpl;
@@ -49,6 +77,7 @@ ThrowawayPostgres::ThrowawayPostgres(int port, const std::string& settings) : po
       throw std::runtime_error("chown " + dir_ + " failed");
     }
   }
+  std::ofstream(dir_ + "/owner.pid") << ::getpid() << "\n";
   Run(fmt::format("{}/initdb -D {}/data -A trust -U postgres --no-sync > {}/initdb.log 2>&1", kBin,
                   dir_, dir_),
       "initdb");

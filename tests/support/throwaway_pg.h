@@ -2,7 +2,8 @@
 // must not get (they would affect every other session on it): initdb into a
 // temporary directory owned by the `postgres` system user, started on
 // 127.0.0.1:<port> with trust auth and the given `-c` settings; stopped
-// (immediate) and removed when destroyed.
+// (immediate) and removed when destroyed. Clusters of test processes that
+// died before their destructor ran are removed by the next constructor.
 #pragma once
 
 #include <string>
