@@ -1,76 +1,18 @@
 // `outbox-relay check`: passes (exit 0) on the project's services with a
 // proper table, also while a relay holds the slot; fails (exit 1) with the fix
-// on a server with wal_level = replica (a throwaway PostgreSQL 15 cluster
-// started by this test) and on a missing table.
+// on a server with wal_level = replica (a throwaway PostgreSQL 15 cluster,
+// support/throwaway_pg.h, on 127.0.0.1:55499 or the next free port) and on a
+// missing table.
 #include <fmt/format.h>
-#include <pwd.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cstdlib>
-#include <stdexcept>
 
 #include "fixture.h"
 #include "ops_support.h"
+#include "support/throwaway_pg.h"
 
 namespace outbox_test {
 namespace {
 
 using std::chrono::seconds;
-
-// A PostgreSQL 15 cluster of its own, in a temporary directory owned by the
-// `postgres` system user, listening on 127.0.0.1:`port` with trust auth.
-// Stopped (immediate) and removed when destroyed.
-class ThrowawayCluster {
- public:
-  static constexpr const char* kBin = "/usr/lib/postgresql/15/bin";
-
-  ThrowawayCluster(int port, const std::string& settings) : port_(port) {
-    char tmpl[] = "/tmp/outbox-ops-pg-XXXXXX";
-    if (::mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
-    dir_ = tmpl;
-    const passwd* pw = ::getpwnam("postgres");
-    if (pw == nullptr) throw std::runtime_error("no `postgres` system user");
-    if (::chown(dir_.c_str(), pw->pw_uid, pw->pw_gid) != 0) {
-      throw std::runtime_error("chown " + dir_ + " failed");
-    }
-    Run(fmt::format("{}/initdb -D {}/data -A trust -U postgres --no-sync > {}/initdb.log 2>&1",
-                    kBin, dir_, dir_),
-        "initdb");
-    Run(fmt::format("{}/pg_ctl -D {}/data -l {}/postgres.log -w -t 60 -o \"-p {} -c "
-                    "listen_addresses=127.0.0.1 -k {} {}\" start > /dev/null",
-                    kBin, dir_, dir_, port_, dir_, settings),
-        "pg_ctl start");
-    started_ = true;
-  }
-
-  ~ThrowawayCluster() {
-    if (started_) {
-      (void)std::system(
-          fmt::format("runuser -u postgres -- {}/pg_ctl -D {}/data -m immediate -w stop "
-                      "> /dev/null 2>&1",
-                      kBin, dir_)
-              .c_str());
-    }
-    if (!dir_.empty()) (void)std::system(fmt::format("rm -rf '{}'", dir_).c_str());
-  }
-
-  std::string url() const {
-    return fmt::format("postgresql://postgres@127.0.0.1:{}/postgres", port_);
-  }
-
- private:
-  void Run(const std::string& command, const char* what) {
-    int rc = std::system(fmt::format("runuser -u postgres -- {}", command).c_str());
-    if (rc != 0) {
-      throw std::runtime_error(fmt::format("{} failed ({}): see the logs in {}", what, rc, dir_));
-    }
-  }
-
-  int port_;
-  std::string dir_;
-  bool started_ = false;
-};
 
 class OpsCheck : public RelayTest {
  protected:
@@ -164,9 +106,9 @@ TEST_F(OpsCheck, FailsOnAMissingTable) {
 }
 
 TEST_F(OpsCheck, FailsOnWalLevelReplicaAndSaysHowToFixIt) {
-  std::unique_ptr<ThrowawayCluster> cluster;
+  std::unique_ptr<ThrowawayPostgres> cluster;
   try {
-    cluster = std::make_unique<ThrowawayCluster>(55499, "-c wal_level=replica");
+    cluster = std::make_unique<ThrowawayPostgres>(FreeLocalPort(55499), "-c wal_level=replica");
   } catch (const std::exception& e) {
     FAIL() << "cannot start the throwaway PostgreSQL 15 cluster: " << e.what();
   }
