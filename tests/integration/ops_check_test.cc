@@ -5,6 +5,8 @@
 // missing table.
 #include <fmt/format.h>
 
+#include <memory>
+
 #include "fixture.h"
 #include "ops_support.h"
 #include "support/throwaway_pg.h"
