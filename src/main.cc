@@ -1,11 +1,11 @@
 // outbox-relay: wiring only. Each subcommand lives in src/app/.
-#include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
-#include <unistd.h>
 
 #include "outbox_relay/app/commands.h"
 #include "outbox_relay/app/config.h"
@@ -59,7 +59,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    int code = app.exit(e);  // prints help, the version, or what is wrong with which flag
+    // A bad flag value is a bad setting like any other: exit 2. Help and
+    // --version exit 0; a command's own RuntimeError carries its code.
+    bool ours = dynamic_cast<const CLI::RuntimeError*>(&e) != nullptr;
+    return code == 0 || ours ? code : 2;
   }
 
   if (run->parsed()) {

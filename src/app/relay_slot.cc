@@ -16,13 +16,15 @@
 #include <thread>
 
 #include "outbox_relay/app/relay.h"
+#include "outbox_relay/app/replay.h"
+#include "outbox_relay/pg/relay_schema.h"
 
 namespace outbox_relay::app {
 
 namespace {
 
-constexpr const char* kSnapshotKey = "backfill_snapshot";
-constexpr const char* kCreatedKey = "slot_created";
+constexpr const char* kSnapshotKey = pg::kStateBackfillSnapshot;
+constexpr const char* kCreatedKey = pg::kStateSlotCreated;
 
 Result<std::optional<std::string>> ReadState(pg::Connection& conn, const std::string& slot,
                                              const char* key) {
@@ -170,6 +172,8 @@ Status Relay::Backfill(pg::Connection& conn, const std::string& snapshot,
   auto started = std::chrono::steady_clock::now();
   spdlog::info("backfill: publishing unacked rows committed before the slot (snapshot {})",
                snapshot);
+  // Short keyset queries: JIT compilation would cost more than it saves.
+  (void)conn.Exec("SET jit = off");
   pgoutput::TupleData tuple;
   while (!stop.load()) {
     auto res = conn.ExecParams(sql, params);
@@ -177,21 +181,12 @@ Status Relay::Backfill(pg::Connection& conn, const std::string& snapshot,
     PGresult* r = res->get();
     int n = PQntuples(r);
     if (n == 0) break;
-    pgoutput::Relation relation;
-    for (int col = 0; col < PQnfields(r); ++col) {
-      relation.columns.push_back({0, PQfname(r, col), 0, -1});
-    }
-    auto columns = outbox::ColumnMap::Resolve(relation, c);
+    auto columns = outbox::ColumnMap::Resolve(RelationFromResult(r), c);
     if (!columns) return std::unexpected(columns.error());
     tracking::Transaction* tx = nullptr;
     std::string_view tx_id;
     for (int i = 0; i < n; ++i) {
-      tuple.values.clear();
-      for (int col = 0; col < PQnfields(r); ++col) {
-        auto v = pg::GetValue(r, i, col);
-        tuple.values.push_back(v ? pgoutput::TupleValue{pgoutput::TupleValue::Kind::kText, *v}
-                                 : pgoutput::TupleValue{});
-      }
+      TupleFromResult(r, i, &tuple);
       std::string_view row_tx = *pg::GetValue(r, i, columns->transaction_id);
       if (tx == nullptr || row_tx != tx_id) {
         // One tracker transaction per writing transaction, so marking works

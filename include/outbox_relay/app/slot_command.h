@@ -21,6 +21,7 @@
 #include "outbox_relay/app/config.h"
 #include "outbox_relay/core/result.h"
 #include "outbox_relay/pg/connection.h"
+#include "outbox_relay/pg/relay_schema.h"
 
 namespace CLI {
 class App;
@@ -28,8 +29,8 @@ class App;
 
 namespace outbox_relay::app {
 
-// The key relay_slot.cc writes when it creates a slot (outbox_relay.state).
-inline constexpr const char* kSlotCreatedStateKey = "slot_created";
+// The key the relay writes when it creates a slot (outbox_relay.state).
+inline constexpr const char* kSlotCreatedStateKey = pg::kStateSlotCreated;
 
 struct SlotCommandConfig {
   std::string database_url;

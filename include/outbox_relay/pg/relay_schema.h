@@ -32,6 +32,10 @@ CREATE TABLE IF NOT EXISTS outbox_relay.state (
 );
 )sql";
 
+// Keys of outbox_relay.state.
+inline constexpr const char* kStateSlotCreated = "slot_created";  // LSN the slot was created at
+inline constexpr const char* kStateBackfillSnapshot = "backfill_snapshot";  // pending backfill
+
 // Creates the schema and tables when missing (idempotent). Without the
 // privilege: kPermission with the SQL to run.
 Status EnsureRelaySchema(Connection& conn);

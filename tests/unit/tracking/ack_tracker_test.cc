@@ -197,7 +197,8 @@ TEST(AckTracker, UnsafeConfirmNewestFaultBreaksThePrefixRule) {
   AddTx(t, 200, 1);
   AddTx(t, 300, 1);
   t.OnDelivered(a);
-  EXPECT_EQ(t.confirmed(), Lsn(300)) << "confirmed past the unacked transactions ending at 200, 300";
+  EXPECT_EQ(t.confirmed(), Lsn(300))
+      << "confirmed past the unacked transactions ending at 200, 300";
 }
 
 TEST(AckTracker, DeadLetterFromTheDeliveryThreadKeepsTheTransactionOpen) {
