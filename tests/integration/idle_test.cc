@@ -40,11 +40,13 @@ TEST_F(Idle, BusyDatabaseIdleOutboxRetainsLittleWal) {
   // does: the server moves restart_lsn only past a running-xacts record, which
   // the background writer logs every 15 s (LOG_SNAPSHOT_INTERVAL_MS) when there
   // was WAL activity, and it may be hibernating for up to 10 s first
-  // (bgwriter_delay * 50). Measured: 10-21 s after the writes; bound 40 s.
+  // (bgwriter_delay * 50). Measured on this machine: 0-36 s after the writes
+  // (the relay confirmed past the record in the same 0.5 s sample every time);
+  // bound 60 s.
   constexpr uint64_t kConfirmedBound = 1 * kMiB;
   constexpr uint64_t kRestartBound = 16 * kMiB;
   constexpr auto kConfirmedWithin = seconds(10);
-  constexpr auto kRestartWithin = seconds(40);
+  constexpr auto kRestartWithin = seconds(60);
 
   CreateTables();
   RelayProcess& relay = StartRelay();
@@ -97,7 +99,11 @@ TEST_F(Idle, BusyDatabaseIdleOutboxRetainsLittleWal) {
       "confirmed lag now {:.3f} MiB\n",
       double(lag.restart) / kMiB, restart_s, kRestartBound / kMiB, kRestartWithin.count(),
       double(lag.confirmed) / kMiB);
-  EXPECT_LT(lag.restart, kRestartBound) << "the idle slot retains WAL (restart_lsn does not move)";
+  uint64_t wal_now = CurrentWalLsn(*db_);
+  EXPECT_LT(lag.restart, kRestartBound)
+      << "the idle slot retains WAL (restart_lsn does not move); the WAL end "
+      << (wal_now > wal_after ? "moved" : "did NOT move (no running-xacts record was logged yet)")
+      << " since the writes ended";
 
   // And the stream still works: one outbox row arrives.
   Ledger ledger;
