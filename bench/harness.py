@@ -58,6 +58,31 @@ def proc_cpu(pid):
         return None
 
 
+def proc_children_cpu(pid):
+    """cutime + cstime: CPU of the children `pid` has reaped (the postmaster reaps backends)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[13]) + int(fields[14])) / CLK_TCK
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def proc_ppid(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def machine_busy_cpu():
+    """CPU seconds all CPUs spent not idle (user+nice+system+irq+softirq+steal), /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / CLK_TCK
+
+
 def proc_status_kb(pid, key):
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -342,6 +367,7 @@ class Harness:
                      "wal_level", "logical_decoding_work_mem", "max_wal_size"]:
             settings[name] = self.sql.value(f"SHOW {name}")
         self.result["postgres"] = settings
+        self.postmaster = proc_ppid(int(self.sql.value("SELECT pg_backend_pid()")))
 
     def drop_bench_slots(self):
         for (name, active_pid) in self.sql.query(
@@ -555,12 +581,20 @@ END $$;
                "--no-loop", "-o", "proto_version=1", "-o", f"publication_names={self.publication}",
                "-E", lsn_text(end_lsn), "-f", "/dev/null"]
         series = []
+        reaped0 = proc_children_cpu(self.postmaster) if self.postmaster else None
+        busy0 = machine_busy_cpu()
         t0 = time.time()
         p = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
-        exit_time = {}
-        waiter = threading.Thread(target=lambda: (p.wait(), exit_time.setdefault("t", time.time())))
+        exit_info = {}
+
+        def wait_child():
+            # wait4, not Popen.wait: the child's exact CPU time comes with its exit status.
+            _, status, usage = os.wait4(p.pid, 0)
+            exit_info.update(t=time.time(), rc=os.waitstatus_to_exitcode(status),
+                             cpu=usage.ru_utime + usage.ru_stime)
+        waiter = threading.Thread(target=wait_child)
         waiter.start()
-        ws_pid, ws_cpu, self_cpu = None, 0.0, 0.0
+        ws_pid, ws_cpu = None, 0.0
         tick = 0
         while waiter.is_alive():
             if ws_pid is None:
@@ -569,9 +603,6 @@ END $$;
                 c = proc_cpu(ws_pid)
                 if c is not None:
                     ws_cpu = c
-            c = proc_cpu(p.pid)
-            if c is not None:
-                self_cpu = c
             if tick % 4 == 0 and ws_pid is not None:
                 sent = self.sql.value(
                     f"SELECT sent_lsn FROM pg_stat_replication WHERE pid = {ws_pid}")
@@ -583,14 +614,33 @@ END $$;
             if time.time() - t0 > self.args.drain_timeout:
                 p.kill()
                 raise BenchError("pg_recvlogical did not reach the end in time")
-        wall = exit_time["t"] - t0
+        wall = exit_info["t"] - t0
+        self_cpu = exit_info["cpu"]
+        p.returncode = exit_info["rc"]
         if p.returncode != 0:
             raise BenchError(f"pg_recvlogical failed: {p.stderr.read()[-1000:]}")
         series.append((wall, rows))
+        # The walsender exits right after its client; once the postmaster has reaped it, its
+        # whole CPU time is in the postmaster's cutime/cstime (exact, where sampling /proc
+        # every 25 ms would miss the last moments). Other backends exiting meanwhile would
+        # count too: none do in the benchmark's own cluster.
+        ws_sampled = ws_cpu
+        deadline = time.time() + 5
+        while ws_pid is not None and os.path.exists(f"/proc/{ws_pid}") and time.time() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)
+        if reaped0 is not None and ws_pid is not None and not os.path.exists(f"/proc/{ws_pid}"):
+            reaped = proc_children_cpu(self.postmaster) - reaped0
+            if reaped >= ws_sampled:
+                ws_cpu = reaped
+        busy = machine_busy_cpu() - busy0
         confirmed = self.sql.value(
             f"SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '{slot}'")
         return {"wall_seconds": wall, "events_per_s": rows / wall,
                 "walsender_cpu_seconds": ws_cpu,
+                "walsender_cpu_seconds_sampled": ws_sampled,
+                "machine_busy_cpu_seconds": busy,
+                "foreign_cpu_seconds": max(0.0, busy - ws_cpu - self_cpu),
                 "walsender_cpu_s_per_million": ws_cpu / rows * 1e6,
                 "client_cpu_seconds": self_cpu,
                 "client_cpu_s_per_million": self_cpu / rows * 1e6,
@@ -609,6 +659,7 @@ END $$;
             self.create_topic(f"{topic_base}.review")
         extra = []
         profile_proc = None
+        busy0 = machine_busy_cpu()
         t0 = time.time()
         p, port = self.start_relay(slot, topic_base + ".{Event-Type:aggregate}", sink, mark,
                                    f"relay-{size_name}-{contender}.log", extra)
@@ -672,6 +723,7 @@ END $$;
                 if c is not None:
                     db_pids[pid] = c
             db_cpu = sum(db_pids.values())
+            busy = machine_busy_cpu() - busy0
             kafka_cpu = (proc_cpu(kafka_pid) - kafka_cpu0) if kafka_cpu0 is not None else None
             delivered = metric_sum(metrics, "events_published_total")
             series.append((wall, delivered))
@@ -698,6 +750,8 @@ END $$;
              "series": {"t": [round(t, 3) for t, _ in series],
                         "events": [round(e) for _, e in series],
                         "source": "relay events_published_total (delivered)"}}
+        r["machine_busy_cpu_seconds"] = busy
+        r["foreign_cpu_seconds"] = max(0.0, busy - relay_cpu - ws_cpu - db_cpu - (kafka_cpu or 0))
         r["relay_db_sessions_cpu_seconds"] = db_cpu
         r["relay_db_sessions_cpu_s_per_million"] = db_cpu / rows * 1e6
         if kafka_cpu is not None:
@@ -817,10 +871,15 @@ END $$;
                 del0 = metric_sum(scrape(port) or {}, "events_published_total")
                 ws_pid = self.walsender_pid(slot)
                 ws0 = proc_cpu(ws_pid) if ws_pid else None
+                kpid = self.kafka_pid()
+                k0 = proc_cpu(kpid) if kpid else None
+                busy0 = machine_busy_cpu()
                 t_start = time.time()
                 pb = self.pgbench(a.live_seconds, rate=rate, progress=True)
                 out, err = pb.communicate()
                 t_end = time.time()
+                busy = machine_busy_cpu() - busy0
+                kcpu = (proc_cpu(kpid) - k0) if k0 is not None else None
                 if pb.returncode != 0:
                     raise BenchError(f"pgbench failed: {err[-2000:]}")
                 with open(os.path.join(self.out, f"pgbench-live-{pct}.txt"), "w") as f:
@@ -851,6 +910,8 @@ END $$;
                     "unix_start": t_start, "unix_end": t_end,
                     "catch_up_seconds_after_load": t_caught - t_end,
                     "delivered": delivered,
+                    "machine_busy_percent_of_one_cpu": busy / (t_end - t_start) * 100,
+                    "kafka_broker_cpu_seconds": kcpu,
                     "relay_cpu_seconds": cpu,
                     "relay_cpu_s_per_million": cpu / delivered * 1e6 if delivered else None,
                     "walsender_cpu_seconds": ws_cpu,
@@ -997,10 +1058,12 @@ END $$;
             lines.append("Backlog drain (wall time from process start to the end LSN confirmed)")
             lines.append("cpu s/M = CPU seconds per million events: the client (relay or "
                          "pg_recvlogical), its walsender, the relay's own DB sessions "
-                         "(marking), the Kafka broker")
+                         "(marking), the Kafka broker; foreign = CPU used by everything else "
+                         "on the machine during the run, in % of one CPU (other users' "
+                         "builds, PostgreSQL's background processes)")
             hdr = (f"{'backlog':8s} {'contender':20s} {'rows':>9s} {'events/s':>10s} "
                    f"{'x recv':>7s} {'wall s':>7s} {'client':>7s} {'walsnd':>7s} "
-                   f"{'mark db':>7s} {'broker':>7s} {'peak RSS':>9s}")
+                   f"{'mark db':>7s} {'broker':>7s} {'peak RSS':>9s} {'foreign':>8s}")
             lines.append(hdr)
             lines.append("-" * len(hdr))
             for size, s in drain.items():
@@ -1016,7 +1079,9 @@ END $$;
                         f"{(f'{dbc:.2f}' if dbc is not None else '-'):>7s} "
                         f"{(f'{kb:.1f}' if kb is not None else '-'):>7s} "
                         + (f"{r['peak_rss_kb'] / 1024:>7.1f}MB" if r.get("peak_rss_kb")
-                           else f"{'-':>9s}"))
+                           else f"{'-':>9s}")
+                        + (f" {r['foreign_cpu_seconds'] / r['wall_seconds'] * 100:>6.0f}%"
+                           if r.get("foreign_cpu_seconds") is not None else ""))
                 for c, r in s["contenders"].items():
                     if r.get("startup_seconds") is not None and r.get(
                             "events_per_s_after_first_event"):
