@@ -107,12 +107,14 @@ TEST_F(Crash, KillNineUnderLoad) {
   auto kill_phase = std::chrono::steady_clock::now();
   int kills = 0, not_streaming = 0, killed_streaming = 0;
   for (int i = 0; i < kKills; ++i) {
-    // Most kills hit a relay that streams; every third one lands wherever the
-    // new instance is (setup, waiting for the slot, catching up).
+    // Most kills hit a relay that streams; every third one lands early, wherever
+    // the new instance is (setup, waiting for the slot, starting to stream).
     bool wait_streaming = i % 3 != 2;
     if (wait_streaming && !WaitStreaming(*relay, seconds(30))) ++not_streaming;
     ASSERT_TRUE(relay->Running()) << "the relay exited by itself:\n" << relay->LogTail();
-    std::this_thread::sleep_for(milliseconds(200 + rng() % 1301));
+    // 0.2-1.5 s into streaming; or 20-300 ms after the start (setup, backfill, first reads).
+    std::this_thread::sleep_for(wait_streaming ? milliseconds(200 + rng() % 1301)
+                                               : milliseconds(20 + rng() % 281));
     if (relay->Log().find("streaming from slot") != std::string::npos) ++killed_streaming;
     sampler.SampleNow();
     relay->Kill(SIGKILL);
