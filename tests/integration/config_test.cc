@@ -77,6 +77,25 @@ void Config::RunCases(const std::vector<BadCase>& cases) {
   }
 }
 
+// --help and version are not errors.
+TEST_F(Config, HelpAndVersionExitZero) {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--help"}, {"run", "--help"}, {"version"}}) {
+    RelayProcess relay(args);
+    relay.Start();
+    auto code = relay.Wait(seconds(10));
+    std::string log = relay.Log();
+    fmt::print("config: {:<45} -> exit {}\n", args.size() == 1 ? args[0] : args[0] + " " + args[1],
+               code.value_or(-1));
+    EXPECT_EQ(code, std::optional<int>(0)) << relay.LogTail(10);
+    if (args[0] == "version") {
+      EXPECT_NE(log.find("outbox-relay "), std::string::npos) << log;
+    } else {
+      EXPECT_NE(log.find("Usage"), std::string::npos) << log;
+    }
+  }
+}
+
 // A setting refused at start must not leave a new replication slot behind:
 // nothing reads it, so it would pin WAL until someone drops it by hand.
 TEST_F(Config, KafkaSettingErrorLeavesNoSlotBehind) {
