@@ -310,6 +310,11 @@ class Harness:
                 info["mem_total_kb"] = int(f.readline().split()[1])
         except OSError:
             pass
+        if os.environ.get("OUTBOX_BENCH_GIT_COMMIT"):
+            info["git_commit"] = os.environ["OUTBOX_BENCH_GIT_COMMIT"][:12]
+            info["git_dirty"] = False
+            info["source"] = "git archive of the commit (bench/run --ref)"
+            return info
         try:
             info["git_commit"] = subprocess.run(
                 ["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,

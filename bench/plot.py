@@ -73,7 +73,7 @@ def panel_drain_time(ax, drain):
     size = "tx100" if "tx100" in drain else next(iter(drain))
     for c, r in drain[size]["contenders"].items():
         s = r.get("series", {})
-        t, rate = rates(s.get("t", []), s.get("events", []), window=0.25)
+        t, rate = rates(s.get("t", []), s.get("events", []), window=0.5)
         style = "--" if c == "pg_recvlogical" else "-"
         ax.plot(t, rate, style, color=COLORS.get(c), label=LABELS.get(c, c), lw=1.2)
     ax.set_xlabel("seconds since start")
