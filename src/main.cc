@@ -1,40 +1,15 @@
 // outbox-relay: wiring only. Each subcommand lives in src/app/.
 #include <spdlog/spdlog.h>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <atomic>
-#include <csignal>
 #include <cstdio>
 
 #include "outbox_relay/app/commands.h"
 #include "outbox_relay/app/config.h"
 #include "outbox_relay/app/logging.h"
 #include "outbox_relay/app/relay.h"
-
-namespace {
-
-std::atomic<bool> g_stop{false};
-
-void OnSignal(int) {
-  if (g_stop.exchange(true)) {
-    // A second signal: the operator does not want to wait for the drain.
-    constexpr char kMsg[] = "second signal: exiting without draining\n";
-    (void)!write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
-    _exit(130);
-  }
-}
-
-void InstallSignalHandlers() {
-  struct sigaction sa {};
-  sa.sa_handler = OnSignal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);
-}
-
-}  // namespace
+#include "outbox_relay/app/signals.h"
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -72,11 +47,11 @@ int main(int argc, char** argv) {
       spdlog::error("{}", st.error().message);
       return 2;
     }
-    InstallSignalHandlers();
+    const std::atomic<bool>& stop = outbox_relay::app::InstallStopSignals();
     spdlog::info("outbox-relay {} starting: table {}, slot {}, publication {}, sink {}",
                  OUTBOX_RELAY_VERSION, config.table, config.slot, config.publication, config.sink);
     outbox_relay::app::Relay relay(config);
-    return relay.Run(g_stop);
+    return relay.Run(stop);
   }
   return 0;
 }

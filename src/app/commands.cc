@@ -13,6 +13,7 @@
 #include "outbox_relay/app/cleanup.h"
 #include "outbox_relay/app/replay.h"
 #include "outbox_relay/app/slot_command.h"
+#include "outbox_relay/core/json.h"
 
 namespace outbox_relay::app {
 
@@ -38,31 +39,7 @@ std::string JsonQuote(std::string_view text) {
   std::string out;
   out.reserve(text.size() + 2);
   out += '"';
-  for (char c : text) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
-        } else {
-          out += c;
-        }
-    }
-  }
+  AppendJsonEscaped(text, out);
   out += '"';
   return out;
 }

@@ -6,6 +6,8 @@
 
 #include <ctime>
 
+#include "outbox_relay/core/json.h"
+
 namespace outbox_relay::app {
 
 namespace {
@@ -26,31 +28,7 @@ class JsonFormatter final : public spdlog::formatter {
                    "\"msg\":\"",
                    tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
                    micros.count(), spdlog::level::to_string_view(msg.level));
-    for (char c : std::string_view(msg.payload.data(), msg.payload.size())) {
-      switch (c) {
-        case '"':
-          dest.append(std::string_view("\\\""));
-          break;
-        case '\\':
-          dest.append(std::string_view("\\\\"));
-          break;
-        case '\n':
-          dest.append(std::string_view("\\n"));
-          break;
-        case '\r':
-          dest.append(std::string_view("\\r"));
-          break;
-        case '\t':
-          dest.append(std::string_view("\\t"));
-          break;
-        default:
-          if (static_cast<unsigned char>(c) < 0x20) {
-            fmt::format_to(std::back_inserter(dest), "\\u{:04x}", static_cast<unsigned>(c));
-          } else {
-            dest.push_back(c);
-          }
-      }
-    }
+    AppendJsonEscaped(std::string_view(msg.payload.data(), msg.payload.size()), dest);
     dest.append(std::string_view("\"}\n"));
   }
   std::unique_ptr<spdlog::formatter> clone() const override {

@@ -1,14 +1,12 @@
 #include "outbox_relay/app/replay.h"
 
 #include <spdlog/spdlog.h>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <charconv>
 #include <chrono>
 #include <condition_variable>
-#include <csignal>
 #include <cstdio>
 #include <deque>
 #include <limits>
@@ -18,6 +16,7 @@
 
 #include "outbox_relay/app/commands.h"
 #include "outbox_relay/app/logging.h"
+#include "outbox_relay/app/signals.h"
 #include "outbox_relay/kafka/producer.h"
 #include "outbox_relay/outbox/record.h"
 #include "outbox_relay/pg/connection.h"
@@ -50,24 +49,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-std::atomic<bool> g_replay_stop{false};
+// Set by InstallStopSignals() for the command's run; a pointer so the
+// helpers below can read it.
+const std::atomic<bool>* g_replay_stop = nullptr;
 
-void OnReplaySignal(int) {
-  if (g_replay_stop.exchange(true)) {
-    constexpr char kMsg[] = "second signal: exiting at once\n";
-    (void)!write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
-    _exit(130);
-  }
-}
-
-void InstallReplaySignalHandlers() {
-  struct sigaction sa {};
-  sa.sa_handler = OnReplaySignal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);
-}
+bool StopRequested() { return g_replay_stop != nullptr && g_replay_stop->load(); }
 
 double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -313,7 +299,7 @@ class Replayer {
       for (int i = 0; i < n; ++i) {
         auto lsn = Lsn::Parse(*pg::GetValue(r, i, 0));
         if (!lsn) return std::unexpected(lsn.error());
-        if (g_replay_stop.load() || Failed()) {
+        if (StopRequested() || Failed()) {
           // The current transaction is complete if this row starts the next one.
           current_complete_ = *lsn != current_lsn_;
           next_unproduced_ = *lsn;
@@ -384,7 +370,7 @@ class Replayer {
       std::unique_lock lock(state_.mu);
       // Bounded in flight: wait for delivery reports before producing more.
       while (report_->produced - state_.reported >= c_.relay.max_in_flight && state_.failed == 0 &&
-             !g_replay_stop.load()) {
+             !StopRequested()) {
         state_.progress.wait_for(lock, milliseconds(100));
       }
       tx = &state_.window.back();
@@ -418,7 +404,7 @@ class Replayer {
         std::lock_guard lock(state_.mu);
         if (state_.reported >= report_->produced) break;
       }
-      if (g_replay_stop.load()) {
+      if (StopRequested()) {
         if (!interrupted_at) interrupted_at = Clock::now();
         if (Clock::now() - *interrupted_at > std::chrono::seconds(10)) break;
       }
@@ -601,7 +587,7 @@ int ReplayCommand(ReplayConfig& c) {
     spdlog::error("{}", st.error().message);
     return kExitConfig;
   }
-  InstallReplaySignalHandlers();
+  g_replay_stop = &InstallStopSignals();
   auto conn = pg::Connection::Open(c.relay.database_url, pg::Connection::Mode::kNormal,
                                    "outbox-relay-replay");
   if (!conn) {
@@ -636,7 +622,7 @@ int ReplayCommand(ReplayConfig& c) {
 
   Replayer replayer(c, *conn, &report);
   Status st = replayer.Run(*range);
-  report.interrupted = g_replay_stop.load();
+  report.interrupted = StopRequested();
   PrintSummary(c, *range, report);
   if (!st) {
     spdlog::error("replay failed after {} of {} rows were delivered: {}", report.delivered,

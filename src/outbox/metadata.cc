@@ -24,23 +24,11 @@
 #include <utility>
 
 #include "outbox_relay/outbox/record.h"
+#include "text.h"
 
 namespace outbox_relay::outbox {
 
 namespace {
-
-// Keeps error messages bounded: a key can be arbitrarily long. Cuts at a
-// UTF-8 character boundary so the message stays valid UTF-8.
-std::string_view Shorten(std::string_view s, size_t max = 128) {
-  if (s.size() <= max) return s;
-  size_t n = max;
-  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
-  return s.substr(0, n);
-}
-
-std::string_view Ellipsis(std::string_view s, size_t max = 128) {
-  return s.size() <= max ? "" : "...";
-}
 
 // Byte-wise order, as Go sorts map keys. Envelope keys mostly differ in their
 // first byte, so that byte is compared inline before calling memcmp.

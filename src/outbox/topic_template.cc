@@ -15,6 +15,7 @@
 #include <array>
 
 #include "outbox_relay/outbox/record.h"
+#include "text.h"
 
 namespace outbox_relay::outbox {
 
@@ -34,19 +35,6 @@ constexpr std::array<bool, 256> kTopicChars = [] {
 }();
 
 bool IsTopicChar(char c) { return kTopicChars[static_cast<unsigned char>(c)]; }
-
-// Values come from rows: keep what goes into a message bounded, cut at a
-// UTF-8 character boundary.
-std::string_view Shorten(std::string_view s, size_t max = 128) {
-  if (s.size() <= max) return s;
-  size_t n = max;
-  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
-  return s.substr(0, n);
-}
-
-std::string_view Ellipsis(std::string_view s, size_t max = 128) {
-  return s.size() <= max ? "" : "...";
-}
 
 }  // namespace
 
