@@ -23,8 +23,7 @@ constexpr int kTimeoutMs = 30000;
 rd_kafka_t* Connect(const char* brokers) {
   char err[512];
   rd_kafka_conf_t* conf = rd_kafka_conf_new();
-  if (rd_kafka_conf_set(conf, "bootstrap.servers", brokers, err, sizeof err) !=
-      RD_KAFKA_CONF_OK) {
+  if (rd_kafka_conf_set(conf, "bootstrap.servers", brokers, err, sizeof err) != RD_KAFKA_CONF_OK) {
     std::fprintf(stderr, "bootstrap.servers: %s\n", err);
     std::exit(2);
   }
