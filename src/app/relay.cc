@@ -630,8 +630,11 @@ int Relay::Shutdown(pg::ReplicationStream* stream, bool failed) {
     return kExitFailure;
   }
   if (!drained) {
-    spdlog::error("shutdown timeout: {} rows still in flight; confirmed {}",
-                  tracker_->rows_in_flight(), tracker_->confirmed());
+    auto s = tracker_->stats();
+    spdlog::error(
+        "shutdown timeout: {} transactions in flight ({} rows unacknowledged by Kafka, {} "
+        "transactions delivered but not marked); confirmed {}",
+        s.transactions, s.rows_in_flight, s.awaiting_mark, s.confirmed);
     return kExitFailure;
   }
   spdlog::info("stopped cleanly: confirmed {}, {} rows delivered", tracker_->confirmed(),

@@ -109,7 +109,13 @@ KafkaProducer::~KafkaProducer() {
 }
 
 void KafkaProducer::PollLoop() {
-  while (!stop_.load(std::memory_order_relaxed)) rd_kafka_poll(rk_.get(), 100);
+  while (!stop_.load(std::memory_order_relaxed)) {
+    if (flush_waiters_.load(std::memory_order_relaxed) > 0) {
+      (void)rd_kafka_flush(rk_.get(), 20);  // serves reports here, on this thread
+    } else {
+      rd_kafka_poll(rk_.get(), 20);
+    }
+  }
 }
 
 rd_kafka_topic_t* KafkaProducer::Topic(std::string_view name) {
@@ -210,8 +216,15 @@ void KafkaProducer::InjectFatalErrorForTest() {
 }
 
 Status KafkaProducer::Flush(std::chrono::milliseconds timeout) {
-  rd_kafka_resp_err_t err = rd_kafka_flush(rk_.get(), static_cast<int>(timeout.count()));
-  if (err == RD_KAFKA_RESP_ERR__TIMED_OUT) {
+  // Not rd_kafka_flush here: it would serve delivery reports on this thread
+  // while the poller serves others on its own. The poller flushes instead.
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  flush_waiters_.fetch_add(1);
+  while (rd_kafka_outq_len(rk_.get()) > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  flush_waiters_.fetch_sub(1);
+  if (rd_kafka_outq_len(rk_.get()) > 0) {
     return Fail(ErrorCode::kTransient, "Kafka flush: {} records still in flight after {} ms",
                 rd_kafka_outq_len(rk_.get()), timeout.count());
   }

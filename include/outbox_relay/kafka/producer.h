@@ -84,8 +84,12 @@ class KafkaProducer final : public Sink {
   std::unordered_map<std::string, TopicHandle> topics_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> brokers_down_{false};
+  // Callers of Flush waiting: the poller flushes (linger ignored) instead of
+  // polling. Only the poller thread may serve delivery reports: rd_kafka_flush
+  // on another thread would run them there too, concurrently.
+  std::atomic<int> flush_waiters_{0};
   std::thread poller_;
-  Delivery scratch_;  // reused by the delivery-report thread only
+  Delivery scratch_;  // reused by the poller thread only (see flush_waiters_)
 };
 
 }  // namespace outbox_relay::kafka

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "outbox_relay/kafka/producer.h"
@@ -94,6 +95,8 @@ class MockClusterTest : public ::testing::Test {
     auto* tx = static_cast<tracking::Transaction*>(d.opaque);
     std::lock_guard lock(mu_);
     int i = tx_index_.at(tx);
+    report_threads_.insert(std::this_thread::get_id());
+    ++reports_[i];
     if (d.error) {
       errors_.push_back(*d.error);
       tracker_.OnFailed(tx, d.error->message);
@@ -132,6 +135,8 @@ class MockClusterTest : public ::testing::Test {
   std::vector<int32_t> partition_of_;
   std::map<int32_t, std::pair<int, int64_t>> last_offset_;
   std::vector<Error> errors_;
+  std::set<std::thread::id> report_threads_;
+  std::map<int, int> reports_;  // delivery reports per transaction
   int rule_violations_ = 0;
   int order_violations_ = 0;
   uint64_t max_seen_confirmed_ = 0;
@@ -170,6 +175,29 @@ TEST_F(MockClusterTest, SlowBrokerHoldingOnePartitionHoldsConfirmationAtItsOldes
   EXPECT_EQ(tracker_.confirmed(), Lsn(1000 + 10 * (kTx - 1)));
   std::printf("slow broker: %d transactions, rule violations %d, order violations %d\n", kTx,
               rule_violations_, order_violations_);
+}
+
+// Flush while rows are in flight (what a SIGTERM does): the reports are served
+// by the poller thread alone, each exactly once. (rd_kafka_flush on the caller's
+// thread served some there, concurrently with the poller, through one shared
+// report buffer: a transaction got two reports and another none, and the relay
+// waited out its shutdown timeout.)
+TEST_F(MockClusterTest, FlushWhileReportsArriveServesEachReportOnceOnOneThread) {
+  Start();
+  constexpr int kTx = 3000;
+  for (int i = 0; i < kTx; ++i) {
+    ProduceTx(i, i % kPartitions);
+    if (i % 100 == 99) (void)producer_->Flush(2ms);
+  }
+  ASSERT_TRUE(producer_->Flush(20s));
+  ASSERT_TRUE(tracker_.WaitEmpty(5s));
+  std::lock_guard lock(mu_);
+  EXPECT_EQ(report_threads_.size(), 1u) << "delivery reports served on more than one thread";
+  int twice = 0;
+  for (int i = 0; i < kTx; ++i) twice += reports_[i] != 1;
+  EXPECT_EQ(twice, 0) << "transactions without exactly one delivery report";
+  EXPECT_EQ(rule_violations_, 0);
+  EXPECT_EQ(tracker_.confirmed(), Lsn(1000 + 10 * (kTx - 1)));
 }
 
 TEST_F(MockClusterTest, RetriableProduceErrorsLoseNothingAndKeepPartitionOrder) {
