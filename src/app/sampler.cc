@@ -76,7 +76,8 @@ void Sampler::Loop() {
       }
     }
     if (now >= next_lag) {
-      next_lag = now + std::chrono::seconds(10);
+      // Lag and slot every 10 s, or as often as the row counts when those are more frequent.
+      next_lag = now + std::chrono::seconds(std::min<int64_t>(10, config_.row_count_interval_s));
       if (config_.mark) {
         if (auto res = conn->Exec(lag_sql)) {
           metrics_->lag_seconds().Set(std::stod(std::string(*pg::GetValue(res->get(), 0, 0))));
