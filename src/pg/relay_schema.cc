@@ -3,6 +3,16 @@
 namespace outbox_relay::pg {
 
 Status EnsureRelaySchema(Connection& conn) {
+  // Everything there already: no DDL at all. Even CREATE SCHEMA IF NOT EXISTS
+  // needs CREATE on the database, which a least-privilege relay role (given
+  // the schema by an administrator) does not have.
+  auto present = conn.Exec(
+      "SELECT to_regclass('outbox_relay.commits') IS NOT NULL"
+      " AND to_regclass('outbox_relay.commits_commit_time') IS NOT NULL"
+      " AND to_regclass('outbox_relay.state') IS NOT NULL");
+  if (present && GetValue(present->get(), 0, 0) == std::optional<std::string_view>("t")) {
+    return Ok();
+  }
   // Concurrent first starts (active + standby) would race on CREATE ... IF
   // NOT EXISTS; a transaction-level advisory lock serialises them.
   std::string sql =
