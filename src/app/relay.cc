@@ -4,6 +4,7 @@
 
 #include <random>
 #include <thread>
+#include <utility>
 
 #include "outbox_relay/kafka/producer.h"
 #include "outbox_relay/pg/relay_schema.h"
@@ -186,6 +187,7 @@ int Relay::Run(const std::atomic<bool>& stop) {
         continue;
       }
       need_slot_setup_ = false;
+      slot_loss_counted_ = false;
     }
     // Start from what the slot itself says if that is further than what we
     // confirmed (another instance may have held it meanwhile).
@@ -224,13 +226,24 @@ int Relay::Run(const std::atomic<bool>& stop) {
     const Error& err = st.error();
     if (err.code == ErrorCode::kSlotLost && config_.on_slot_lost == "reconcile") {
       spdlog::error("{}: recreating the slot and backfilling the unacked rows", err.message);
-      stats_.slot_lost.fetch_add(1);
+      if (!std::exchange(slot_loss_counted_, true)) stats_.slot_lost.fetch_add(1);
       need_slot_setup_ = true;
       // The new slot needs an empty tracker to start from its position.
       while (!tracker_->empty() && !tracker_->failure() && !stop.load()) {
         tracker_->WaitForProgress(milliseconds(100));
       }
       continue;
+    }
+    if (err.code == ErrorCode::kSlotLost) {
+      // --on-slot-lost=fail. The server's error alone ("can no longer get
+      // changes from replication slot") says neither what to do nor that
+      // nothing is lost: say it, as the check at start does.
+      spdlog::error(
+          "{}: replication slot {} is lost. Rows committed since are not (they are still unacked "
+          "in {}); restart with OUTBOX_ON_SLOT_LOST=reconcile (--on-slot-lost) to recreate the "
+          "slot and publish them",
+          err.message, config_.slot, config_.table_name.ToString());
+      return Shutdown(stream ? &*stream : nullptr, true);
     }
     if (DispositionOf(err) != Disposition::kRetry) {
       spdlog::error("{}", err.message);

@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include <thread>
+#include <utility>
 
 #include "outbox_relay/app/relay.h"
 #include "outbox_relay/app/replay.h"
@@ -25,6 +26,7 @@ namespace {
 
 constexpr const char* kSnapshotKey = pg::kStateBackfillSnapshot;
 constexpr const char* kCreatedKey = pg::kStateSlotCreated;
+constexpr const char* kCreatingKey = pg::kStateSlotCreating;
 
 Result<std::optional<std::string>> ReadState(pg::Connection& conn, const std::string& slot,
                                              const char* key) {
@@ -55,6 +57,17 @@ Status DeleteState(pg::Connection& conn, const std::string& slot, const char* ke
   return Ok();
 }
 
+// A session-level advisory lock per slot, held by the instance that creates
+// the slot until its snapshot is stored (released when the session ends, so
+// also when the instance dies).
+Result<bool> TryCreationLock(pg::Connection& conn, const std::string& slot) {
+  std::optional<std::string> params[] = {slot};
+  auto res = conn.ExecParams(
+      "SELECT pg_try_advisory_lock(hashtext('outbox_relay.slot_creation'), hashtext($1))", params);
+  if (!res) return std::unexpected(res.error());
+  return *pg::GetValue(res->get(), 0, 0) == "t";
+}
+
 }  // namespace
 
 Status Relay::SetupSlot(const std::atomic<bool>& stop) {
@@ -65,8 +78,39 @@ Status Relay::SetupSlot(const std::atomic<bool>& stop) {
   auto created_before = ReadState(*conn, config_.slot, kCreatedKey);
   if (!created_before) return std::unexpected(created_before.error());
 
+  auto creating = ReadState(*conn, config_.slot, kCreatingKey);
+  if (!creating) return std::unexpected(creating.error());
+
+  // A kill between CREATE_REPLICATION_SLOT and storing the slot's snapshot
+  // leaves a slot that no stored snapshot matches: used as it is, the unacked
+  // rows committed before it would never be published (the slot does not send
+  // them, and there is no snapshot to backfill them from). Such a slot never
+  // streamed (streaming starts after setup), so drop it and create it again.
+  // The creator holds an advisory lock until the snapshot is stored: if we
+  // cannot take it, the creator is alive and we are its standby.
+  bool unfinished = slot->exists && creating->has_value() && slot->wal_status != "lost";
+  if (unfinished) {
+    auto locked = TryCreationLock(*conn, config_.slot);
+    if (!locked) return std::unexpected(locked.error());
+    if (!*locked) {
+      return Fail(ErrorCode::kSlotInUse, "slot {} is being created by another instance",
+                  config_.slot);
+    }
+    spdlog::warn(
+        "replication slot {} was created by an instance that stopped before it stored the "
+        "slot's snapshot: dropping it and creating it again, so that the backfill covers every "
+        "row committed before it",
+        config_.slot);
+    std::optional<std::string> params[] = {config_.slot};
+    auto dropped = conn->ExecParams("SELECT pg_drop_replication_slot($1)", params);
+    if (!dropped) return std::unexpected(dropped.error());
+    slot->exists = false;
+  }
+
   bool invalidated = slot->exists && slot->wal_status == "lost";
-  bool lost = invalidated || (!slot->exists && created_before->has_value());
+  // (A slot we just dropped as unfinished is not lost: if it was being
+  // recreated after a loss, that loss was reported then.)
+  bool lost = !unfinished && (invalidated || (!slot->exists && created_before->has_value()));
   if (slot->exists && slot->plugin != "pgoutput") {
     return Fail(ErrorCode::kInvalidArgument,
                 "invalid setting --slot (OUTBOX_SLOT): slot {} uses plugin {}, not pgoutput",
@@ -85,7 +129,7 @@ Status Relay::SetupSlot(const std::atomic<bool>& stop) {
     }
     spdlog::error("replication slot {} {}: recreating it and backfilling the unacked rows",
                   config_.slot, why);
-    stats_.slot_lost.fetch_add(1);
+    if (!std::exchange(slot_loss_counted_, true)) stats_.slot_lost.fetch_add(1);
     if (invalidated) {
       std::optional<std::string> params[] = {config_.slot};
       auto dropped = conn->ExecParams("SELECT pg_drop_replication_slot($1)", params);
@@ -97,6 +141,16 @@ Status Relay::SetupSlot(const std::atomic<bool>& stop) {
     auto repl = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kReplication);
     if (!repl) return std::unexpected(repl.error());
     bool backfill = config_.backfill && config_.mark;
+    if (backfill) {
+      // Held on `conn` until it closes (after the snapshot is stored).
+      auto locked = TryCreationLock(*conn, config_.slot);
+      if (!locked) return std::unexpected(locked.error());
+      if (!*locked) {
+        return Fail(ErrorCode::kSlotInUse, "slot {} is being created by another instance",
+                    config_.slot);
+      }
+      if (auto st = WriteState(*conn, config_.slot, kCreatingKey, "creating"); !st) return st;
+    }
     auto created = pg::CreateSlot(*repl, config_.slot, /*export_snapshot=*/backfill);
     if (!created) {
       // Another instance may have won the race to create it: then it is the
@@ -129,6 +183,8 @@ Status Relay::SetupSlot(const std::atomic<bool>& stop) {
         !st) {
       return st;
     }
+    // The snapshot is stored: from here a restart resumes the backfill.
+    if (auto st = DeleteState(*conn, config_.slot, kCreatingKey); !st) return st;
     // The exported snapshot lives until the next command on `repl`; it is
     // stored now, so the connection can go.
     slot = pg::QuerySlot(*conn, config_.slot);

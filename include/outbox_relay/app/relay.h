@@ -88,6 +88,10 @@ class Relay {
   std::optional<outbox::DeadLetterBuilder> dead_letters_;
   std::optional<outbox::DeadLetterBuilder> refused_letters_;  // delivery thread only
   bool need_slot_setup_ = true;
+  // The loss being recovered was counted already (outbox_relay_slot_lost_total
+  // counts each loss once, though both the stream and the slot setup see it,
+  // and the setup may be retried).
+  bool slot_loss_counted_ = false;
   kafka::KafkaProducer* producer_ = nullptr;  // sink_ when it is Kafka
   uint64_t test_fatal_after_ = 0;             // OUTBOX_TEST_FAULT=fatal-after:N
 

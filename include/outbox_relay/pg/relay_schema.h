@@ -35,6 +35,10 @@ CREATE TABLE IF NOT EXISTS outbox_relay.state (
 // Keys of outbox_relay.state.
 inline constexpr const char* kStateSlotCreated = "slot_created";  // LSN the slot was created at
 inline constexpr const char* kStateBackfillSnapshot = "backfill_snapshot";  // pending backfill
+// Present from just before CREATE_REPLICATION_SLOT until the slot's snapshot
+// is stored: a slot found with it was created by an instance that died before
+// storing its snapshot (the rows committed before that slot would be missed).
+inline constexpr const char* kStateSlotCreating = "slot_creating";
 
 // Creates the schema and tables when missing (idempotent). Without the
 // privilege: kPermission with the SQL to run.
