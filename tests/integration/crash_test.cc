@@ -1,14 +1,14 @@
-// kill -9 of the relay, again and again, under concurrent load: nothing lost,
-// no phantoms, per-aggregate order kept; duplicates only from what was in
-// flight; the slot's confirmed_flush_lsn never moves backwards.
+// kill -9 of the relay, again and again (50 times), under concurrent load,
+// mixed with SIGSTOP/SIGCONT freezes: nothing lost, no phantoms, per-aggregate
+// order kept; duplicates only from what was in flight; the slot's
+// confirmed_flush_lsn never moves backwards.
 #include <fmt/format.h>
 
-#include <atomic>
-#include <mutex>
 #include <random>
 #include <thread>
 
 #include "fixture.h"
+#include "support/confirmed_sampler.h"
 
 namespace outbox_test {
 namespace {
@@ -18,72 +18,8 @@ using std::chrono::seconds;
 
 class Crash : public RelayTest {};
 
-// Samples the slot's confirmed_flush_lsn on its own connection and counts
-// every step backwards.
-class ConfirmedSampler {
- public:
-  ConfirmedSampler(const std::string& url, std::string slot) : slot_(std::move(slot)), pg_(url) {
-    thread_ = std::thread([this] { Loop(); });
-  }
-  ~ConfirmedSampler() { Stop(); }
-  void Stop() {
-    stop_ = true;
-    if (thread_.joinable()) thread_.join();
-  }
-  // Takes one sample now (from the caller's thread, e.g. right after a kill).
-  void SampleNow() {
-    std::lock_guard lock(mu_);
-    Sample();
-  }
-  size_t samples() const { return samples_; }
-  size_t backwards() const { return backwards_; }
-  std::string first_backwards() const {
-    std::lock_guard lock(mu_);
-    return first_backwards_;
-  }
-  uint64_t last() const { return last_; }
-
- private:
-  void Loop() {
-    while (!stop_) {
-      {
-        std::lock_guard lock(mu_);
-        Sample();
-      }
-      std::this_thread::sleep_for(milliseconds(50));
-    }
-  }
-  void Sample() {
-    try {
-      auto s = QuerySlot(pg_, slot_);
-      if (!s || !s->confirmed_flush_lsn) return;
-      ++samples_;
-      uint64_t v = *s->confirmed_flush_lsn;
-      if (v < last_) {
-        ++backwards_;
-        if (first_backwards_.empty()) {
-          first_backwards_ = fmt::format("{} -> {}", FormatLsn(last_), FormatLsn(v));
-        }
-      }
-      if (v > last_) last_ = v;
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "[sampler] %s\n", e.what());
-    }
-  }
-
-  std::string slot_;
-  Pg pg_;
-  mutable std::mutex mu_;
-  std::atomic<bool> stop_{false};
-  std::atomic<size_t> samples_{0};
-  std::atomic<size_t> backwards_{0};
-  std::atomic<uint64_t> last_{0};
-  std::string first_backwards_;
-  std::thread thread_;
-};
-
 TEST_F(Crash, KillNineUnderLoad) {
-  constexpr int kKills = 24;
+  constexpr int kKills = 50;
   CreateTables();
   RelayProcess* relay = &StartRelay();
   ASSERT_TRUE(WaitStreaming(*relay)) << relay->LogTail();
@@ -106,19 +42,48 @@ TEST_F(Crash, KillNineUnderLoad) {
   std::mt19937_64 rng(std::random_device{}());
   auto kill_phase = std::chrono::steady_clock::now();
   int kills = 0, not_streaming = 0, killed_streaming = 0;
+  int pauses = 0, killed_frozen = 0, killed_just_thawed = 0;
+  double frozen_s = 0;
   for (int i = 0; i < kKills; ++i) {
     // Most kills hit a relay that streams; every third one lands early, wherever
     // the new instance is (setup, waiting for the slot, starting to stream).
     bool wait_streaming = i % 3 != 2;
     if (wait_streaming && !WaitStreaming(*relay, seconds(30))) ++not_streaming;
     ASSERT_TRUE(relay->Running()) << "the relay exited by itself:\n" << relay->LogTail();
-    // 0.2-1.5 s into streaming; or 20-300 ms after the start (setup, backfill, first reads).
-    std::this_thread::sleep_for(wait_streaming ? milliseconds(200 + rng() % 1301)
+    // 0.15-1 s into streaming; or 20-300 ms after the start (setup, backfill, first reads).
+    std::this_thread::sleep_for(wait_streaming ? milliseconds(150 + rng() % 851)
                                                : milliseconds(20 + rng() % 281));
+    bool frozen = false;
+    if (i % 4 == 3) {
+      // Every fourth cycle freezes the relay for 1-3 s under load (a stalled
+      // node, a debugger, a VM pause) and then: kills it frozen, or thaws it and
+      // kills it 0-300 ms later, or thaws it and lets it stream again first.
+      ++pauses;
+      relay->Pause();
+      auto pause_ms = milliseconds(1000 + rng() % 2001);
+      std::this_thread::sleep_for(pause_ms);
+      frozen_s += static_cast<double>(pause_ms.count()) / 1000;
+      switch ((i / 4) % 3) {
+        case 0:
+          frozen = true;
+          ++killed_frozen;
+          break;
+        case 1:
+          relay->Resume();
+          ++killed_just_thawed;
+          std::this_thread::sleep_for(milliseconds(rng() % 301));
+          break;
+        default:
+          relay->Resume();
+          std::this_thread::sleep_for(milliseconds(500 + rng() % 1001));
+          break;
+      }
+    }
     if (relay->Log().find("streaming from slot") != std::string::npos) ++killed_streaming;
     sampler.SampleNow();
     relay->Kill(SIGKILL);
-    ASSERT_EQ(relay->Wait(seconds(10)), std::optional<int>(128 + SIGKILL));
+    ASSERT_EQ(relay->Wait(seconds(10)), std::optional<int>(128 + SIGKILL))
+        << (frozen ? "(killed while frozen)" : "");
     ++kills;
     sampler.SampleNow();
     relay = &StartRelay();
@@ -151,6 +116,11 @@ TEST_F(Crash, KillNineUnderLoad) {
       "streaming within 30 s), {} transactions ({} rolled back), catch-up {:.1f} s\n",
       kills, killed_streaming, kill_phase_s, not_streaming, load.transactions(),
       ledger.aborted_transactions(), catch_up_s);
+  fmt::print(
+      "freezes: {} SIGSTOP/SIGCONT pauses ({:.1f} s frozen in all): {} killed while frozen, {} "
+      "killed 0-300 ms after SIGCONT, {} streamed again before the kill\n",
+      pauses, frozen_s, killed_frozen, killed_just_thawed,
+      pauses - killed_frozen - killed_just_thawed);
   fmt::print("slot: {} samples of confirmed_flush_lsn, {} steps backwards{}\n", sampler.samples(),
              sampler.backwards(),
              sampler.backwards() > 0 ? " (first " + sampler.first_backwards() + ")" : "");
