@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <charconv>
 #include <random>
 #include <thread>
 #include <utility>
@@ -103,10 +104,23 @@ Status Relay::Prepare() {
   auto mapper = outbox::RecordMapper::Create(config_.mapper);
   if (!mapper) return std::unexpected(mapper.error());
   mapper_.emplace(std::move(*mapper));
-  dead_letters_.emplace(config_.dlq_topic, static_cast<size_t>(config_.dlq_max_bytes),
-                        config_.columns);
-  refused_letters_.emplace(config_.dlq_topic, static_cast<size_t>(config_.dlq_max_bytes),
-                           config_.columns);
+  // A dead letter must pass the producer's own size check, or the row it
+  // stands in for stops the stream ("cannot dead-letter row"): with
+  // message.max.bytes set below --dlq-max-bytes (the default 1,000,000 is
+  // librdkafka's default too), dead letters shed their payload at the smaller
+  // of the two.
+  size_t dlq_max_bytes = static_cast<size_t>(config_.dlq_max_bytes);
+  for (const auto& [key, value] : config_.kafka_property_pairs) {
+    size_t v = 0;
+    auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+    if (key == "message.max.bytes" && ec == std::errc() && end == value.data() + value.size() &&
+        v < dlq_max_bytes) {
+      spdlog::info("dead letters limited to {} bytes (kafka property message.max.bytes)", v);
+      dlq_max_bytes = v;
+    }
+  }
+  dead_letters_.emplace(config_.dlq_topic, dlq_max_bytes, config_.columns);
+  refused_letters_.emplace(config_.dlq_topic, dlq_max_bytes, config_.columns);
 
   auto on_delivery = [this](const kafka::Delivery& d) { OnDelivery(d); };
   if (config_.sink == "null") {
@@ -137,6 +151,7 @@ Status Relay::Prepare() {
     mo.batch_max = static_cast<size_t>(config_.marker_batch);
     marker_ = std::make_unique<marker::Marker>(mo, tracker_.get(), [this](const Error&) {
       metrics_.CountError(metrics::ErrorReason::kDbAck);
+      last_marker_error_ns_.store(Clock::now().time_since_epoch().count());
     });
     if (auto st = marker_->Start(); !st) return st;
   }
@@ -258,6 +273,9 @@ int Relay::Run(const std::atomic<bool>& stop) {
       spdlog::warn("replication: {}", err.message);
     }
     stats_.reconnects.fetch_add(1);
+    // Close the replication connection now, not after the wait below: a
+    // server that is stopping waits for its walsender, which waits for us.
+    if (stream) stream = std::unexpected(err);
     // Let what is in flight finish so the restart position covers it and
     // nothing is sent twice; bounded, since Kafka may be the one that is down.
     auto drain_until = Clock::now() + milliseconds(5000);
@@ -300,6 +318,21 @@ Status Relay::StreamSession(pg::ReplicationStream& stream, const std::atomic<boo
       if (open_tx_ == nullptr) tracker_->FollowServer(k->wal_end);
       if (k->reply_requested) {
         if (auto st = SendStatus(stream, true); !st) return st;
+        // A stopping server (pg_ctl stop -m fast) waits until we confirm all
+        // it sent, asking for replies meanwhile; it ended the marker's session
+        // first, so we cannot confirm what awaits marking. Holding on would
+        // hold its shutdown forever: let go, and resume from the confirmed
+        // position (re-sending the rest) once it is back.
+        auto since_marker_error =
+            Clock::now().time_since_epoch().count() - last_marker_error_ns_.load();
+        if (last_marker_error_ns_.load() != 0 && tracker_->awaiting_mark() > 0 &&
+            since_marker_error < std::chrono::nanoseconds(std::chrono::seconds(10)).count()) {
+          return Fail(ErrorCode::kTransient,
+                      "the server asks for a confirmation the relay cannot give (the marker "
+                      "cannot reach PostgreSQL: is it stopping?); closing the replication "
+                      "connection, resuming from {}",
+                      tracker_->confirmed());
+        }
       }
       continue;
     }
@@ -410,8 +443,10 @@ Status Relay::DeadLetter(const Error& reason, const outbox::RowIdentity& identit
   if (config_.on_poison == "halt") {
     return Fail(ErrorCode::kFatal,
                 "poison row in {} (transaction_id={} offset={} uuid='{}', commit {}): {}. The "
-                "relay stopped before it and confirmed nothing past it. Fix or delete the row, "
-                "or run with OUTBOX_ON_POISON=dlq to send it to the dead-letter topic.",
+                "relay stopped before it and confirmed nothing past it. It reads the row from "
+                "the WAL, so it stops here again whatever is done to the row in the table: run "
+                "with OUTBOX_ON_POISON=dlq (--on-poison=dlq) to send it to the dead-letter topic "
+                "and go on, then republish a corrected row if it is needed.",
                 config_.table_name.ToString(), identity.transaction_id, identity.offset,
                 identity.uuid, tx->final_lsn, reason.message);
   }

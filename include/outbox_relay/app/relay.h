@@ -92,8 +92,9 @@ class Relay {
   // counts each loss once, though both the stream and the slot setup see it,
   // and the setup may be retried).
   bool slot_loss_counted_ = false;
-  kafka::KafkaProducer* producer_ = nullptr;  // sink_ when it is Kafka
-  uint64_t test_fatal_after_ = 0;             // OUTBOX_TEST_FAULT=fatal-after:N
+  kafka::KafkaProducer* producer_ = nullptr;      // sink_ when it is Kafka
+  uint64_t test_fatal_after_ = 0;                 // OUTBOX_TEST_FAULT=fatal-after:N
+  std::atomic<int64_t> last_marker_error_ns_{0};  // steady clock; 0: none yet
 
   // Replication-loop state.
   pgoutput::RelationCache relations_;
