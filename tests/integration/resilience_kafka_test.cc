@@ -1,0 +1,352 @@
+// Kafka failures (DESIGN §2.1, §2.4): the broker gone for longer than the
+// walsender's timeout, a topic that does not exist on a broker that does not
+// create topics, and a producer that fails fatally. In every case nothing is
+// lost, the slot is never confirmed past a row Kafka has not acknowledged, and
+// the relay either rides it out or stops with an error and resumes from the
+// slot when started again.
+//
+// The broker faults run against a private broker (support/throwaway_kafka.h),
+// so stopping it does not disturb tests using the shared one; it has topic
+// auto-creation off, as production clusters often do.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "fixture.h"
+#include "resilience_support.h"
+#include "support/throwaway_kafka.h"
+#include "support/throwaway_pg.h"
+
+namespace outbox_test {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using namespace resilience;
+
+using RelayEnv = std::map<std::string, std::optional<std::string>>;
+
+class ResilienceKafka : public RelayTest {
+ protected:
+  static void TearDownTestSuite() { broker_.reset(); }
+
+  // The suite's private broker (auto.create.topics.enable=false), started on
+  // first use, and started again if a test left it stopped. Reads go to it.
+  ThrowawayKafka& Broker() {
+    if (!broker_) {
+      auto started = std::chrono::steady_clock::now();
+      broker_ = std::make_unique<ThrowawayKafka>(
+          std::map<std::string, std::string>{{"auto.create.topics.enable", "false"}});
+      fmt::print("private broker {} up in {:.1f} s\n", broker_->brokers(), SecondsSince(started));
+    } else if (!broker_->Running()) {
+      broker_->Start();
+    }
+    kafka_ = std::make_unique<KafkaReader>(broker_->brokers());
+    private_broker_ = true;
+    return *broker_;
+  }
+
+  void TearDown() override {
+    if (private_broker_) kafka_.reset();  // its topics go with the broker
+    RelayTest::TearDown();
+  }
+
+  static std::unique_ptr<ThrowawayKafka> broker_;
+  bool private_broker_ = false;
+};
+
+std::unique_ptr<ThrowawayKafka> ResilienceKafka::broker_;
+
+TxSpec SmallTx(std::mt19937_64& rng) {
+  TxSpec tx;
+  tx.rows = 1 + static_cast<int>(rng() % 10);
+  tx.rollback = rng() % 20 == 0;
+  return tx;
+}
+
+// Rows are written while the broker is down for 12 s, more than twice the
+// cluster's wal_sender_timeout (5 s): the relay must keep the walsender
+// content (status updates while it holds back) or reconnect cleanly; confirm
+// nothing the broker has not acknowledged; hold its memory (it stops reading
+// at --max-in-flight); and deliver everything once the broker is back.
+TEST_F(ResilienceKafka, BrokerDownLongerThanWalSenderTimeout) {
+  constexpr auto kOutage = seconds(12);
+  constexpr long kRssBoundKb = 256 * 1024;
+  ThrowawayPostgres cluster(FreeLocalPort(56700 + static_cast<int>(getpid() % 300)),
+                            "-c wal_level=logical -c wal_sender_timeout=5s -c max_wal_senders=4 "
+                            "-c max_replication_slots=4");
+  ThrowawayKafka& broker = Broker();
+  db_ = std::make_unique<Pg>(cluster.url());
+  CreateTables();
+  RelayEnv env = {{"DATABASE_URL", cluster.url()}, {"KAFKA_BROKERS", broker.brokers()}};
+  RelayProcess& relay = StartRelay({"--create-topics", "true", "--max-in-flight", "5000"}, env);
+  ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
+  WorkloadOptions options = Workload();
+  options.database_url = cluster.url();
+
+  // Before: the pipeline works.
+  Ledger before;
+  {
+    LoadGenerator load(options, &before, 2, SmallTx, std::chrono::microseconds(5000));
+    load.Start();
+    std::this_thread::sleep_for(seconds(2));
+    ASSERT_EQ(load.Stop(), "");
+  }
+  ASSERT_EQ(WaitAllAcked(seconds(60)), 0) << DescribeUnacked();
+  long rss_before = ProcStatusKb(relay.pid(), "VmRSS");
+
+  // The outage.
+  SlotSampler slot(cluster.url(), name_);
+  auto stopping = std::chrono::steady_clock::now();
+  broker.Stop();
+  auto down = std::chrono::steady_clock::now();
+  double stop_s = SecondsSince(stopping);
+  slot.Reset();  // from here on the broker acknowledges nothing
+  RssSampler rss(relay.pid());
+  Ledger during;
+  LoadGenerator load(options, &during, 2, SmallTx, std::chrono::microseconds(2000));
+  load.Start();
+  while (std::chrono::steady_clock::now() - down < kOutage && relay.Running()) {
+    std::this_thread::sleep_for(milliseconds(200));
+  }
+  ASSERT_EQ(load.Stop(), "");
+  ASSERT_TRUE(relay.Running()) << "the relay exited while Kafka was down:\n" << relay.LogTail();
+  std::this_thread::sleep_for(milliseconds(500));  // the last status updates reach the slot
+  uint64_t max_confirmed_down = slot.max_confirmed();
+  std::set<int> walsenders_down = slot.walsender_pids();
+  int64_t unacked_down = UnackedRows();
+  auto slot_down = QuerySlot(*db_, name_);
+  long rss_peak_down = rss.peak_kb();
+  double down_s = SecondsSince(down);
+
+  // The broker returns.
+  auto starting = std::chrono::steady_clock::now();
+  broker.Start();
+  double start_s = SecondsSince(starting);
+  auto up = std::chrono::steady_clock::now();
+  int64_t unacked = WaitAllAcked(seconds(120));
+  double recovery_s = SecondsSince(up);
+  rss.Stop();
+  EXPECT_EQ(unacked, 0) << "rows still unacked 120 s after the broker returned\n"
+                        << DescribeUnacked();
+  EXPECT_TRUE(relay.Running()) << relay.LogTail();
+
+  std::vector<WrittenRow> committed = before.committed();
+  for (auto& r : during.committed()) committed.push_back(r);
+  std::vector<WrittenRow> rolled_back = before.rolled_back();
+  for (auto& r : during.rolled_back()) rolled_back.push_back(r);
+  auto first_outage_commit = MinCommitLsn(*db_, name_, Xids(during.committed()));
+  std::vector<KafkaRecord> records = ReadTopics({.timeout = seconds(60)});
+  DeliveryReport delivery = CheckDelivery(committed, rolled_back, records);
+  std::string log = relay.Log();
+  size_t sessions = 0;
+  for (size_t p = 0; (p = log.find("streaming from slot", p)) != std::string::npos; ++p) {
+    ++sessions;
+  }
+
+  fmt::print(
+      "kafka outage: {} rows before, {} rows written while the broker was down ({} "
+      "transactions); broker stop {:.1f} s, down {:.1f} s (wal_sender_timeout 5 s), start "
+      "{:.1f} s\n",
+      before.committed_count(), during.committed_count(), load.transactions(), stop_s, down_s,
+      start_s);
+  fmt::print(
+      "while down: {} rows unacked; slot active={} with {} walsender pid(s) seen; replication "
+      "sessions of the relay in total: {}; highest confirmed_flush_lsn {} (first outage commit "
+      "{})\n",
+      unacked_down, slot_down && slot_down->active, walsenders_down.size(), sessions,
+      FormatLsn(max_confirmed_down),
+      first_outage_commit ? FormatLsn(*first_outage_commit) : "unknown");
+  fmt::print("memory: VmRSS {:.1f} MB before, peak {:.1f} MB while down (bound {} MB)\n",
+             Mb(rss_before), Mb(rss_peak_down), kRssBoundKb / 1024);
+  fmt::print("recovery: all {} rows acked {:.1f} s after the broker answered again\n",
+             committed.size(), recovery_s);
+  fmt::print("{}\n", delivery.Summary());
+
+  EXPECT_GT(during.committed_count(), 0u);
+  EXPECT_EQ(unacked_down, static_cast<int64_t>(during.committed_count()))
+      << "rows were marked while Kafka was down";
+  ASSERT_TRUE(first_outage_commit.has_value()) << "no outage transaction in the commit index";
+  EXPECT_LE(max_confirmed_down, *first_outage_commit)
+      << "the slot was confirmed past a transaction Kafka had not acknowledged";
+  EXPECT_GT(rss_peak_down, 0);
+  EXPECT_LT(rss_peak_down, kRssBoundKb);
+  EXPECT_EQ(delivery.lost, 0u) << delivery.Samples() << "broker: " << broker.dir();
+  EXPECT_EQ(delivery.phantom, 0u) << delivery.Samples();
+  EXPECT_EQ(delivery.order_violations, 0u) << delivery.Samples();
+  EXPECT_EQ(delivery.split_aggregates, 0u) << delivery.Samples();
+  EXPECT_EQ(MisackedRows(), 0);
+
+  relay.Terminate();
+  EXPECT_EQ(relay.Wait(seconds(40)), std::optional<int>(0)) << relay.LogTail();
+  fmt::print("total {:.1f} s\n", SecondsSince(started_));
+}
+
+// A topic the broker does not have and will not create: the relay stops with
+// an error that names the topic (and counts it in
+// outbox_forwarder_errors_total while it runs), marks and confirms nothing of
+// it; started again with --create-topics it creates the topics with the
+// partitions asked for and delivers every row.
+TEST_F(ResilienceKafka, UnknownTopicStopsThenCreateTopicsDelivers) {
+  ThrowawayKafka& broker = Broker();
+  CreateTables();
+  int metrics_port = FreeLocalPort(58100 + static_cast<int>(getpid() % 500));
+  RelayEnv env = {{"KAFKA_BROKERS", broker.brokers()}};
+  // librdkafka waits topic.metadata.propagation.max.ms (30 s) before it
+  // believes a topic is missing (a new topic may still be propagating); 3 s
+  // keeps the test short and changes nothing else.
+  RelayProcess& relay = StartRelay({"--metrics-addr", fmt::format("127.0.0.1:{}", metrics_port),
+                                    "--kafka-property", "topic.metadata.propagation.max.ms=3000"},
+                                   env);
+  ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
+
+  Ledger ledger;
+  Writer writer(Workload(), &ledger, -1, 11);
+  for (int i = 0; i < 50; ++i) writer.Transaction({.rows = 1 + i % 5});
+  auto written = std::chrono::steady_clock::now();
+
+  // Scrape the error counter while the relay lives.
+  std::optional<double> errors_metric;
+  while (relay.Running() && SecondsSince(written) < 90) {
+    HttpResponse r = HttpGet(metrics_port, "/metrics");
+    if (r.status == 200) {
+      if (auto v = MetricSum(r.body, "outbox_forwarder_errors_total")) errors_metric = v;
+    }
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  auto code = relay.Wait(seconds(30));
+  double fail_s = SecondsSince(written);
+  ASSERT_TRUE(code.has_value()) << "the relay did not stop on an unknown topic:\n"
+                                << relay.LogTail();
+  std::string log = relay.Log();
+  uint64_t confirmed_after_stop = QuerySlot(*db_, name_)->confirmed_flush_lsn.value_or(0);
+  int64_t unacked_after_stop = UnackedRows();
+  std::string topic = ledger.committed().front().expected.topic;
+  std::string error_line;
+  if (size_t p = log.find("Z error "); p != std::string::npos) {
+    error_line = log.substr(p + 2, log.find('\n', p) - p - 2);
+  }
+
+  // Again, creating the topics.
+  RelayProcess& again = StartRelay({"--create-topics", "true", "--topic-partitions", "3"}, env);
+  ASSERT_TRUE(WaitStreaming(again)) << again.LogTail();
+  auto restarted = std::chrono::steady_clock::now();
+  int64_t unacked = WaitAllAcked(seconds(60));
+  double recovery_s = SecondsSince(restarted);
+  EXPECT_EQ(unacked, 0) << DescribeUnacked();
+  auto first_commit = MinCommitLsn(*db_, name_, Xids(ledger.committed()));
+  std::vector<KafkaRecord> records = ReadTopics({.timeout = seconds(30)});
+  DeliveryReport delivery = CheckDelivery(ledger.committed(), ledger.rolled_back(), records);
+  auto partitions = PartitionCounts(records);
+
+  fmt::print(
+      "unknown topic: {} rows; relay exited with {} after {:.1f} s; first error: {}; "
+      "outbox_forwarder_errors_total seen {}\n",
+      ledger.committed_count(), *code, fail_s, error_line,
+      errors_metric ? fmt::format("{}", *errors_metric) : "never (the relay was gone first)");
+  fmt::print("after the stop: {} rows unacked, confirmed_flush_lsn {} (first commit {})\n",
+             unacked_after_stop, FormatLsn(confirmed_after_stop),
+             first_commit ? FormatLsn(*first_commit) : "unknown");
+  std::string topics;
+  for (const auto& [t, n] : partitions) topics += fmt::format(" {}({} partitions)", t, n);
+  fmt::print("--create-topics: all acked {:.1f} s after streaming; topics:{}\n", recovery_s,
+             topics);
+  fmt::print("{}\n", delivery.Summary());
+
+  EXPECT_NE(*code, 0);
+  EXPECT_NE(error_line.find(topic), std::string::npos)
+      << "the error does not name the topic " << topic << ":\n"
+      << relay.LogTail();
+  EXPECT_EQ(unacked_after_stop, static_cast<int64_t>(ledger.committed_count()));
+  ASSERT_TRUE(first_commit.has_value());
+  EXPECT_LE(confirmed_after_stop, *first_commit);
+  EXPECT_FALSE(partitions.empty());
+  for (const auto& [t, n] : partitions) EXPECT_EQ(n, 3) << t;
+  EXPECT_EQ(delivery.lost, 0u) << delivery.Samples();
+  EXPECT_EQ(delivery.phantom, 0u) << delivery.Samples();
+  EXPECT_EQ(delivery.order_violations, 0u) << delivery.Samples();
+  ContractReport contract = CheckContract(ledger.committed(), records, partitions);
+  fmt::print("{}\n", contract.Summary());
+  EXPECT_EQ(contract.mismatches, 0u) << contract.Samples();
+  EXPECT_EQ(contract.wrong_partition, 0u) << contract.Samples();
+
+  again.Terminate();
+  EXPECT_EQ(again.Wait(seconds(30)), std::optional<int>(0)) << again.LogTail();
+  fmt::print("total {:.1f} s\n", SecondsSince(started_));
+}
+
+class ResilienceProducer : public RelayTest {};
+
+// OUTBOX_TEST_FAULT=fatal-after:N puts the idempotent producer into its fatal
+// state after N records (what an out-of-order sequence from the broker
+// does): the relay must exit non-zero without confirming a row Kafka has not
+// acknowledged, and a restart without the fault replays the rest from the
+// slot.
+TEST_F(ResilienceProducer, FatalErrorStopsThenRestartReplaysFromSlot) {
+  constexpr int kFatalAfter = 1500;
+  CreateTables();
+  RelayProcess& relay =
+      StartRelay({}, {{"OUTBOX_TEST_FAULT", fmt::format("fatal-after:{}", kFatalAfter)}});
+  ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
+
+  Ledger ledger;
+  LoadGenerator load(Workload(), &ledger, 2, SmallTx, std::chrono::microseconds(2000));
+  load.Start();
+  auto code = relay.Wait(seconds(60));
+  auto failed = std::chrono::steady_clock::now();
+  // Writes go on for a moment after the failure: rows the restart must pick up too.
+  std::this_thread::sleep_for(milliseconds(500));
+  ASSERT_EQ(load.Stop(), "");
+  ASSERT_TRUE(code.has_value()) << "the relay did not stop after the fatal error:\n"
+                                << relay.LogTail();
+  uint64_t confirmed_after_fail = QuerySlot(*db_, name_)->confirmed_flush_lsn.value_or(0);
+  // The transactions not marked when it stopped: the slot must not be past any.
+  std::vector<std::string> unacked_xids;
+  for (const Row& r : db_->Query(
+           fmt::format("SELECT DISTINCT transaction_id::text FROM {} WHERE offset_acked IS NULL",
+                       QuoteIdent(name_)))) {
+    unacked_xids.push_back(r[0].value_or(""));
+  }
+  int64_t unacked_after_fail = UnackedRows();
+  std::string log = relay.Log();
+
+  RelayProcess& again = StartRelay();
+  ASSERT_TRUE(WaitStreaming(again)) << again.LogTail();
+  auto restarted = std::chrono::steady_clock::now();
+  int64_t unacked = WaitAllAcked(seconds(60));
+  double recovery_s = SecondsSince(restarted);
+  EXPECT_EQ(unacked, 0) << DescribeUnacked();
+  auto first_unacked_commit = MinCommitLsn(*db_, name_, unacked_xids);
+  std::vector<KafkaRecord> records = ReadTopics({.timeout = seconds(60)});
+  DeliveryReport delivery = CheckDelivery(ledger.committed(), ledger.rolled_back(), records);
+
+  fmt::print(
+      "fatal producer error after {} records: relay exited {} ({:.1f} s after the load began "
+      "to stop); {} rows in {} transactions unacked then; confirmed_flush_lsn {} (first of "
+      "them committed at {})\n",
+      kFatalAfter, *code, SecondsSince(failed), unacked_after_fail, unacked_xids.size(),
+      FormatLsn(confirmed_after_fail),
+      first_unacked_commit ? FormatLsn(*first_unacked_commit) : "unknown");
+  fmt::print("restart without the fault: all acked {:.1f} s after streaming\n", recovery_s);
+  fmt::print("{}\n", delivery.Summary());
+
+  EXPECT_NE(*code, 0);
+  EXPECT_NE(log.find("fatal"), std::string::npos) << relay.LogTail();
+  EXPECT_GT(unacked_after_fail, 0);
+  ASSERT_TRUE(first_unacked_commit.has_value());
+  EXPECT_LE(confirmed_after_fail, *first_unacked_commit)
+      << "the slot was confirmed past a transaction that was not delivered";
+  EXPECT_EQ(delivery.lost, 0u) << delivery.Samples();
+  EXPECT_EQ(delivery.phantom, 0u) << delivery.Samples();
+  EXPECT_EQ(delivery.order_violations, 0u) << delivery.Samples();
+  EXPECT_EQ(MisackedRows(), 0);
+  CheckCommitIndex(ledger);
+
+  again.Terminate();
+  EXPECT_EQ(again.Wait(seconds(30)), std::optional<int>(0)) << again.LogTail();
+  fmt::print("total {:.1f} s\n", SecondsSince(started_));
+}
+
+}  // namespace
+}  // namespace outbox_test

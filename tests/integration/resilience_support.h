@@ -1,0 +1,372 @@
+// Helpers of the resilience tests (resilience_{kafka,pg,poison,schema}_test.cc):
+// the relay's memory from /proc, samplers of the slot and of the relay's RSS,
+// writers that survive a database restart, the committed rows as the table
+// holds them, the commit-LSN index, /metrics, and topics with their own
+// settings. Header-only: tests/integration/CMakeLists.txt builds *_test.cc.
+#pragma once
+
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <librdkafka/rdkafka.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/pg.h"
+#include "support/throwaway_pg.h"
+#include "support/workload.h"
+
+namespace outbox_test::resilience {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+// A field of /proc/<pid>/status in kB ("VmRSS", "VmHWM"); -1 when unreadable.
+inline long ProcStatusKb(pid_t pid, const std::string& field) {
+  std::ifstream in(fmt::format("/proc/{}/status", static_cast<int>(pid)));
+  for (std::string line; std::getline(in, line);) {
+    if (line.compare(0, field.size() + 1, field + ":") == 0) {
+      return std::atol(line.c_str() + field.size() + 1);
+    }
+  }
+  return -1;
+}
+
+inline double Mb(long kb) { return static_cast<double>(kb) / 1024.0; }
+
+// Samples a process's VmRSS every 100 ms on a thread of its own.
+class RssSampler {
+ public:
+  explicit RssSampler(pid_t pid) : pid_(pid) {
+    thread_ = std::thread([this] {
+      while (!stop_) {
+        long kb = ProcStatusKb(pid_, "VmRSS");
+        if (kb > 0) {
+          last_ = kb;
+          peak_ = std::max(peak_.load(), kb);
+        }
+        std::this_thread::sleep_for(milliseconds(100));
+      }
+    });
+  }
+  ~RssSampler() { Stop(); }
+  void Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  long peak_kb() const { return peak_; }
+  long last_kb() const { return last_; }
+
+ private:
+  pid_t pid_;
+  std::atomic<bool> stop_{false};
+  std::atomic<long> peak_{0};
+  std::atomic<long> last_{0};
+  std::thread thread_;
+};
+
+// Samples the slot every 100 ms on its own connection: the highest
+// confirmed_flush_lsn seen since the last Reset(), and the walsender pids that
+// held it (a new pid: the relay reconnected). Errors (the server restarting)
+// are counted and the connection is opened again.
+class SlotSampler {
+ public:
+  SlotSampler(std::string url, std::string slot) : url_(std::move(url)), slot_(std::move(slot)) {
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~SlotSampler() { Stop(); }
+  void Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  // Starts a new window for max_confirmed().
+  void Reset() {
+    std::lock_guard lock(mu_);
+    max_confirmed_ = 0;
+  }
+  uint64_t max_confirmed() const {
+    std::lock_guard lock(mu_);
+    return max_confirmed_;
+  }
+  std::set<int> walsender_pids() const {
+    std::lock_guard lock(mu_);
+    return pids_;
+  }
+  size_t inactive_samples() const { return inactive_; }
+  size_t errors() const { return errors_; }
+
+ private:
+  void Loop() {
+    std::optional<Pg> pg;
+    while (!stop_) {
+      try {
+        if (!pg) pg.emplace(url_, "outbox-it-slot-sampler");
+        auto s = QuerySlot(*pg, slot_);
+        std::lock_guard lock(mu_);
+        if (s && s->confirmed_flush_lsn) {
+          max_confirmed_ = std::max(max_confirmed_, *s->confirmed_flush_lsn);
+        }
+        if (s && s->active_pid) pids_.insert(*s->active_pid);
+        if (s && !s->active) ++inactive_;
+      } catch (const std::exception&) {
+        ++errors_;
+        pg.reset();
+      }
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+  }
+
+  std::string url_;
+  std::string slot_;
+  mutable std::mutex mu_;
+  uint64_t max_confirmed_ = 0;
+  std::set<int> pids_;
+  std::atomic<size_t> inactive_{0};
+  std::atomic<size_t> errors_{0};
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// Writers like LoadGenerator's, that survive the database going away: a
+// writer whose statement fails (server restarting) starts over with a new
+// connection (and new aggregates, so per-aggregate order stays checkable).
+// A transaction whose COMMIT got no answer may or may not have committed:
+// the ledger does not have it, the table does (see RowsFromTable).
+class ResilientLoad {
+ public:
+  using NextTx = std::function<TxSpec(std::mt19937_64&)>;
+  ResilientLoad(WorkloadOptions options, Ledger* ledger, int writers, NextTx next,
+                std::chrono::microseconds pause)
+      : options_(std::move(options)),
+        ledger_(ledger),
+        writers_(writers),
+        next_(std::move(next)),
+        pause_(pause) {}
+  ~ResilientLoad() { Stop(); }
+
+  void Start() {
+    stop_ = false;
+    for (int w = 0; w < writers_; ++w) {
+      uint64_t seed = std::random_device{}() * 7919ull + static_cast<uint64_t>(w);
+      threads_.emplace_back([this, seed] {
+        std::mt19937_64 rng(seed);
+        while (!stop_) {
+          try {
+            Writer writer(options_, ledger_, -1, rng());
+            while (!stop_) {
+              writer.Transaction(next_(rng));
+              transactions_.fetch_add(1);
+              if (pause_.count() > 0) std::this_thread::sleep_for(pause_);
+            }
+          } catch (const std::exception& e) {
+            failures_.fetch_add(1);
+            std::lock_guard lock(mu_);
+            if (first_error_.empty()) first_error_ = e.what();
+          }
+          if (!stop_) std::this_thread::sleep_for(milliseconds(100));
+        }
+      });
+    }
+  }
+  void Stop() {
+    stop_ = true;
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+  }
+  size_t transactions() const { return transactions_; }
+  size_t failures() const { return failures_; }
+  std::string first_error() const {
+    std::lock_guard lock(mu_);
+    return first_error_;
+  }
+
+ private:
+  WorkloadOptions options_;
+  Ledger* ledger_;
+  int writers_;
+  NextTx next_;
+  std::chrono::microseconds pause_;
+  std::atomic<bool> stop_{false};
+  std::atomic<size_t> transactions_{0};
+  std::atomic<size_t> failures_{0};
+  mutable std::mutex mu_;
+  std::string first_error_;
+  std::vector<std::thread> threads_;
+};
+
+// The rows the table holds (what committed, whatever the writers heard back),
+// as CheckDelivery needs them: uuid, aggregate, per-aggregate seq, xid.
+inline std::vector<WrittenRow> RowsFromTable(Pg& db, const std::string& table) {
+  std::vector<WrittenRow> out;
+  for (const Row& r :
+       db.Query(fmt::format("SELECT uuid, metadata->>'Aggregate-Id', (payload->>'seq')::bigint, "
+                            "transaction_id::text FROM {} ORDER BY offset_consumed",
+                            QuoteIdent(table)))) {
+    WrittenRow w;
+    w.uuid = r[0].value_or("");
+    w.aggregate = r[1].value_or("");
+    w.seq = r[2] ? std::stoll(*r[2]) : 0;
+    w.xid = r[3].value_or("");
+    out.push_back(std::move(w));
+  }
+  return out;
+}
+
+// The lowest commit LSN the commit index (outbox_relay.commits) records for
+// any of `xids`; nullopt when it has none of them.
+inline std::optional<uint64_t> MinCommitLsn(Pg& db, const std::string& slot,
+                                            const std::vector<std::string>& xids) {
+  if (xids.empty()) return std::nullopt;
+  std::string array = "{";
+  for (size_t i = 0; i < xids.size(); ++i) array += (i > 0 ? "," : "") + xids[i];
+  array += "}";
+  auto v = db.Scalar(
+      "SELECT min(commit_lsn)::text FROM outbox_relay.commits "
+      "WHERE slot_name = $1 AND transaction_ids && $2::xid8[]",
+      {slot, array});
+  if (!v) return std::nullopt;
+  return ParseLsn(*v);
+}
+
+// The xids of the transactions in `rows` (each once).
+inline std::vector<std::string> Xids(const std::vector<WrittenRow>& rows) {
+  std::set<std::string> s;
+  for (const WrittenRow& r : rows) s.insert(r.xid);
+  return {s.begin(), s.end()};
+}
+
+// pg_ctl of a throwaway cluster, e.g. PgCtl(cluster, "restart -m fast"): its
+// log goes on into the cluster's postgres.log; restart keeps the options the
+// cluster was started with (postmaster.opts). Throws on failure.
+inline void PgCtl(const ThrowawayPostgres& cluster, const std::string& args) {
+  std::string cmd = fmt::format(
+      "/usr/lib/postgresql/15/bin/pg_ctl -D {0}/data -l {0}/postgres.log -w -t 60 {1} "
+      "> /dev/null",
+      cluster.dir(), args);
+  if (::geteuid() == 0) cmd = "runuser -u postgres -- " + cmd;
+  int rc = std::system(cmd.c_str());
+  if (rc != 0) {
+    throw std::runtime_error(
+        fmt::format("pg_ctl {} failed ({}): see {}/postgres.log", args, rc, cluster.dir()));
+  }
+}
+
+struct HttpResponse {
+  int status = 0;  // 0: no answer
+  std::string body;
+};
+
+// GET http://127.0.0.1:<port><path>, HTTP/1.0 (the server closes after the answer).
+inline HttpResponse HttpGet(int port, const std::string& path) {
+  HttpResponse out;
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return out;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return out;
+  }
+  std::string request = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(request.size())) {
+    ::close(fd);
+    return out;
+  }
+  std::string raw;
+  char buf[8192];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;)
+    raw.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  if (raw.compare(0, 5, "HTTP/") != 0) return out;
+  out.status = std::atoi(raw.c_str() + raw.find(' ') + 1);
+  size_t body = raw.find("\r\n\r\n");
+  if (body != std::string::npos) out.body = raw.substr(body + 4);
+  return out;
+}
+
+// Sum of the samples of metric `name` whose labels contain every entry of
+// `labels` (`reason="kafka_unavailable"`); nullopt: no such sample.
+inline std::optional<double> MetricSum(const std::string& text, const std::string& name,
+                                       const std::vector<std::string>& labels = {}) {
+  std::optional<double> sum;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#' || line.compare(0, name.size(), name) != 0) continue;
+    char next = line.size() > name.size() ? line[name.size()] : '\0';
+    if (next != '{' && next != ' ') continue;
+    std::string label_part =
+        next == '{' ? line.substr(name.size(), line.find('}') - name.size()) : std::string();
+    bool match = true;
+    for (const auto& l : labels) match = match && label_part.find(l) != std::string::npos;
+    if (match) sum = sum.value_or(0) + std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return sum;
+}
+
+// Creates `topic` with `partitions` and topic-level `configs` (e.g.
+// max.message.bytes) through the admin API. Throws on failure.
+inline void CreateTopic(const std::string& brokers, const std::string& topic, int partitions,
+                        const std::map<std::string, std::string>& configs) {
+  char err[512];
+  rd_kafka_conf_t* conf = rd_kafka_conf_new();
+  rd_kafka_conf_set(conf, "bootstrap.servers", brokers.c_str(), err, sizeof err);
+  rd_kafka_conf_set(conf, "log_level", "3", err, sizeof err);
+  rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
+  if (rk == nullptr) {
+    rd_kafka_conf_destroy(conf);
+    throw std::runtime_error(std::string("rd_kafka_new: ") + err);
+  }
+  rd_kafka_NewTopic_t* nt = rd_kafka_NewTopic_new(topic.c_str(), partitions, -1, err, sizeof err);
+  std::string error;
+  if (nt == nullptr) error = err;
+  for (const auto& [k, v] : configs) {
+    if (nt != nullptr) rd_kafka_NewTopic_set_config(nt, k.c_str(), v.c_str());
+  }
+  if (nt != nullptr) {
+    rd_kafka_queue_t* q = rd_kafka_queue_new(rk);
+    rd_kafka_CreateTopics(rk, &nt, 1, nullptr, q);
+    rd_kafka_event_t* ev = rd_kafka_queue_poll(q, 30000);
+    const rd_kafka_CreateTopics_result_t* res =
+        ev != nullptr ? rd_kafka_event_CreateTopics_result(ev) : nullptr;
+    if (res == nullptr) {
+      error = ev != nullptr ? rd_kafka_event_error_string(ev) : "timed out";
+    } else {
+      size_t n = 0;
+      const rd_kafka_topic_result_t** t = rd_kafka_CreateTopics_result_topics(res, &n);
+      for (size_t i = 0; i < n; ++i) {
+        if (rd_kafka_topic_result_error(t[i]) != RD_KAFKA_RESP_ERR_NO_ERROR) {
+          error = rd_kafka_topic_result_error_string(t[i]);
+        }
+      }
+    }
+    if (ev != nullptr) rd_kafka_event_destroy(ev);
+    rd_kafka_queue_destroy(q);
+    rd_kafka_NewTopic_destroy(nt);
+  }
+  rd_kafka_destroy(rk);
+  if (!error.empty()) throw std::runtime_error("create topic " + topic + ": " + error);
+}
+
+}  // namespace outbox_test::resilience

@@ -1,0 +1,379 @@
+#include "support/throwaway_kafka.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <librdkafka/rdkafka.h>
+#include <netinet/in.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "support/throwaway_pg.h"
+
+#ifndef OUTBOX_SOURCE_DIR
+#error "OUTBOX_SOURCE_DIR must name the source tree (for scripts/services and scripts/kafka)"
+#endif
+
+namespace outbox_test {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+std::string Tail(const std::string& text, size_t lines) {
+  size_t pos = text.size();
+  if (pos > 0 && text[pos - 1] == '\n') --pos;
+  for (size_t n = 0; n < lines && pos > 0; ++n) {
+    size_t nl = text.rfind('\n', pos - 1);
+    if (nl == std::string::npos) {
+      pos = 0;
+      break;
+    }
+    pos = nl;
+  }
+  return text.substr(pos == 0 ? 0 : pos + 1);
+}
+
+bool HasKafkaJar(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    if (e.path().filename().string().starts_with("kafka_2.13-")) return true;
+  }
+  return false;
+}
+
+// Nobody listens on 127.0.0.1:port (TIME_WAIT leftovers do not count: the
+// broker binds with SO_REUSEADDR too).
+bool NoListener(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// A KRaft cluster id: 16 random bytes, base64url without padding (Kafka's
+// Uuid.toString), not starting with '-' (Uuid.randomUuid avoids those too).
+std::string RandomClusterId() {
+  static constexpr char kAlphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+  std::random_device rd;
+  while (true) {
+    unsigned char b[18] = {};
+    for (int i = 0; i < 16; ++i) b[i] = static_cast<unsigned char>(rd());
+    std::string out;
+    for (int i = 0; i < 18; i += 3) {
+      uint32_t v = (uint32_t{b[i]} << 16) | (uint32_t{b[i + 1]} << 8) | b[i + 2];
+      for (int k = 3; k >= 0; --k) out.push_back(kAlphabet[(v >> (6 * k)) & 63]);
+    }
+    out.resize(22);  // 128 bits
+    if (out[0] != '-') return out;
+  }
+}
+
+// Brokers left by a test process that died without its destructors: kill
+// those whose owner is gone and remove their directories.
+void ReapStaleBrokers() {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/tmp", ec)) {
+    std::string name = entry.path().filename().string();
+    if (!name.starts_with("outbox-it-kafka-")) continue;
+    long owner = 0;
+    std::ifstream(entry.path() / "owner.pid") >> owner;
+    if (owner <= 0) continue;
+    if (::kill(static_cast<pid_t>(owner), 0) == 0 || errno != ESRCH) continue;
+    long pid = 0;
+    std::ifstream(entry.path() / "kafka.pid") >> pid;
+    if (pid > 0) {
+      std::string cmdline = ReadFile(fmt::format("/proc/{}/cmdline", pid));
+      if (cmdline.find(entry.path().string()) != std::string::npos) {
+        ::kill(static_cast<pid_t>(pid), SIGKILL);
+      }
+    }
+    std::fprintf(stderr, "[throwaway kafka] removing %s, left by dead test process %ld\n",
+                 entry.path().c_str(), owner);
+    std::filesystem::remove_all(entry.path(), ec);
+  }
+}
+
+}  // namespace
+
+std::string KafkaLibsDir() {
+  if (const char* env = std::getenv("OUTBOX_KAFKA_LIBS"); env != nullptr && *env != '\0') {
+    if (HasKafkaJar(env)) return env;
+  }
+  std::string cmd = std::string(OUTBOX_SOURCE_DIR) + "/scripts/services kafka-libs 2>/dev/null";
+  std::string out;
+  if (FILE* p = ::popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
+    ::pclose(p);
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  if (size_t nl = out.rfind('\n'); nl != std::string::npos) out = out.substr(nl + 1);
+  if (out.empty() || !HasKafkaJar(out)) {
+    throw std::runtime_error(
+        "no Kafka jars: OUTBOX_KAFKA_LIBS is not set (eval \"$(scripts/services env)\") and `" +
+        cmd + "` printed '" + out + "'");
+  }
+  return out;
+}
+
+ThrowawayKafka::ThrowawayKafka(std::map<std::string, std::string> properties)
+    : properties_(std::move(properties)) {
+  ReapStaleBrokers();
+  libs_ = KafkaLibsDir();
+  char tmpl[] = "/tmp/outbox-it-kafka-XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
+  dir_ = tmpl;
+  std::ofstream(dir_ + "/owner.pid") << ::getpid() << "\n";
+  try {
+    port_ = FreeLocalPort(57100 + static_cast<int>(::getpid() % 700));
+    controller_port_ = FreeLocalPort(port_ + 1);
+    WriteConfig();
+    Format();
+    Start();
+  } catch (...) {
+    if (pid_ > 0 && !Reap(false)) {
+      ::kill(pid_, SIGKILL);
+      Reap(true);
+    }
+    std::filesystem::remove_all(dir_);
+    throw;
+  }
+}
+
+ThrowawayKafka::~ThrowawayKafka() {
+  if (std::getenv("OUTBOX_IT_KEEP") != nullptr) {
+    // For a look at its logs and data (java -cp '<libs>/*' kafka.tools.DumpLogSegments).
+    Stop();
+    std::fprintf(stderr, "[throwaway kafka] OUTBOX_IT_KEEP is set: keeping %s\n", dir_.c_str());
+    std::ofstream(dir_ + "/owner.pid") << 0 << "\n";  // never reaped
+    return;
+  }
+  if (pid_ > 0 && !Reap(false)) {
+    ::kill(pid_, SIGKILL);
+    Reap(true);
+  }
+  std::error_code ec;
+  if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
+}
+
+std::string ThrowawayKafka::brokers() const { return fmt::format("127.0.0.1:{}", port_); }
+
+void ThrowawayKafka::WriteConfig() {
+  std::map<std::string, std::string> p = {
+      {"process.roles", "broker,controller"},
+      {"node.id", "1"},
+      {"controller.quorum.voters", fmt::format("1@127.0.0.1:{}", controller_port_)},
+      {"listeners",
+       fmt::format("PLAINTEXT://127.0.0.1:{},CONTROLLER://127.0.0.1:{}", port_, controller_port_)},
+      {"advertised.listeners", fmt::format("PLAINTEXT://127.0.0.1:{}", port_)},
+      {"listener.security.protocol.map", "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"},
+      {"controller.listener.names", "CONTROLLER"},
+      {"inter.broker.listener.name", "PLAINTEXT"},
+      {"log.dirs", dir_ + "/data"},
+      {"offsets.topic.replication.factor", "1"},
+      {"transaction.state.log.replication.factor", "1"},
+      {"transaction.state.log.min.isr", "1"},
+      {"share.coordinator.state.topic.replication.factor", "1"},
+      {"share.coordinator.state.topic.min.isr", "1"},
+      {"num.partitions", "3"},
+      {"auto.create.topics.enable", "true"},
+      {"group.initial.rebalance.delay.ms", "0"},
+      // A restarted broker registers again only after its last session
+      // expired (see scripts/services): keep that short.
+      {"broker.heartbeat.interval.ms", "500"},
+      {"broker.session.timeout.ms", "3000"},
+      // Small and quick: a test broker holds little.
+      {"num.network.threads", "2"},
+      {"num.io.threads", "2"},
+      {"log.segment.bytes", "16777216"},
+  };
+  for (const auto& [k, v] : properties_) p[k] = v;
+  std::ofstream out(dir_ + "/server.properties");
+  out << "# Written by tests/support/throwaway_kafka.cc\n";
+  for (const auto& [k, v] : p) out << k << "=" << v << "\n";
+  if (!out) throw std::runtime_error("cannot write " + dir_ + "/server.properties");
+  std::filesystem::create_directories(dir_ + "/data");
+  std::filesystem::create_directories(dir_ + "/logs");
+}
+
+void ThrowawayKafka::Format() {
+  std::string cmd = fmt::format(
+      "java -Dlog4j2.configurationFile={src}/scripts/kafka/log4j2.properties "
+      "-Dkafka.logs.dir={dir}/logs -cp '{libs}/*' kafka.tools.StorageTool format -t {id} "
+      "-c {dir}/server.properties > {dir}/format.log 2>&1",
+      fmt::arg("src", OUTBOX_SOURCE_DIR), fmt::arg("dir", dir_), fmt::arg("libs", libs_),
+      fmt::arg("id", RandomClusterId()));
+  int rc = std::system(cmd.c_str());
+  if (rc != 0) {
+    throw std::runtime_error(fmt::format("kafka StorageTool format failed ({}):\n{}", rc,
+                                         Tail(ReadFile(dir_ + "/format.log"), 20)));
+  }
+}
+
+void ThrowawayKafka::Start(std::chrono::seconds timeout) {
+  if (pid_ > 0 && !Reap(false)) throw std::logic_error("throwaway kafka already running");
+  for (int p : {port_, controller_port_}) {
+    auto until = Clock::now() + std::chrono::seconds(10);
+    while (!NoListener(p) && Clock::now() < until) std::this_thread::sleep_for(milliseconds(100));
+    if (!NoListener(p)) {
+      throw std::runtime_error(fmt::format("throwaway kafka: port {} is taken", p));
+    }
+  }
+  // Class-data sharing, as scripts/services does: the archive the shared
+  // broker recorded (same jars) saves seconds of start-up on 2 cores.
+  std::string jsa = libs_.substr(0, libs_.rfind('/')) + "/kafka-cds.jsa";
+  std::vector<std::string> args = {"java"};
+  if (std::filesystem::exists(jsa)) args.push_back("-XX:SharedArchiveFile=" + jsa);
+  for (const char* a : {"-Xms128m", "-Xmx512m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+                        "-XX:InitiatingHeapOccupancyPercent=35", "-XX:+ExplicitGCInvokesConcurrent",
+                        "-Djava.awt.headless=true"}) {
+    args.emplace_back(a);
+  }
+  args.push_back(std::string("-Dlog4j2.configurationFile=") + OUTBOX_SOURCE_DIR +
+                 "/scripts/kafka/log4j2.properties");
+  args.push_back("-Dkafka.logs.dir=" + dir_ + "/logs");
+  args.push_back("-cp");
+  args.push_back(libs_ + "/*");
+  args.push_back("kafka.Kafka");
+  args.push_back(dir_ + "/server.properties");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+
+  int fd = ::open((dir_ + "/stdout.log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error("open stdout.log: " + std::string(std::strerror(errno)));
+  pid_t parent = ::getpid();
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fd);
+    throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+  }
+  if (pid == 0) {
+    ::setsid();  // a terminal's ^C reaches the test, which then kills the broker itself
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // and the broker never outlives the test process
+    if (::getppid() != parent) ::_exit(1);
+    int devnull = ::open("/dev/null", O_RDONLY);
+    if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
+    ::dup2(fd, STDOUT_FILENO);
+    ::dup2(fd, STDERR_FILENO);
+    ::execvp(argv[0], argv.data());
+    const char msg[] = "[throwaway kafka] exec java failed\n";
+    (void)!::write(STDERR_FILENO, msg, sizeof(msg) - 1);
+    ::_exit(127);
+  }
+  ::close(fd);
+  pid_ = pid;
+  std::ofstream(dir_ + "/kafka.pid") << pid_ << "\n";
+
+  auto deadline = Clock::now() + timeout;
+  while (!Answers(milliseconds(2000))) {
+    if (Reap(false)) {
+      throw std::runtime_error(
+          fmt::format("throwaway kafka exited during start-up:\n{}", LogTail(30)));
+    }
+    if (Clock::now() >= deadline) {
+      throw std::runtime_error(fmt::format("throwaway kafka did not answer on {} within {} s:\n{}",
+                                           brokers(), timeout.count(), LogTail(30)));
+    }
+    std::this_thread::sleep_for(milliseconds(250));
+  }
+}
+
+void ThrowawayKafka::Stop(bool kill, std::chrono::seconds grace) {
+  if (pid_ <= 0 || Reap(false)) return;
+  ::kill(pid_, kill ? SIGKILL : SIGTERM);
+  auto deadline = Clock::now() + grace;
+  while (!Reap(false)) {
+    if (Clock::now() >= deadline) {
+      std::fprintf(stderr, "[throwaway kafka] still alive %lld s after SIGTERM: SIGKILL\n",
+                   static_cast<long long>(grace.count()));
+      ::kill(pid_, SIGKILL);
+      Reap(true);
+      break;
+    }
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  auto until = Clock::now() + std::chrono::seconds(10);
+  while (!NoListener(port_) && Clock::now() < until) std::this_thread::sleep_for(milliseconds(50));
+}
+
+bool ThrowawayKafka::Running() { return pid_ > 0 && !Reap(false); }
+
+bool ThrowawayKafka::Reap(bool block) {
+  if (pid_ <= 0) return true;
+  int status = 0;
+  pid_t r;
+  do {
+    r = ::waitpid(pid_, &status, block ? 0 : WNOHANG);
+  } while (r < 0 && errno == EINTR);
+  if (r == 0) return false;
+  // Exited (or not our child any more): forget it so a Start() can follow.
+  pid_ = -1;
+  return true;
+}
+
+bool ThrowawayKafka::Answers(std::chrono::milliseconds timeout) const {
+  char err[512];
+  rd_kafka_conf_t* conf = rd_kafka_conf_new();
+  if (rd_kafka_conf_set(conf, "bootstrap.servers", brokers().c_str(), err, sizeof err) !=
+          RD_KAFKA_CONF_OK ||
+      rd_kafka_conf_set(conf, "log_level", "0", err, sizeof err) != RD_KAFKA_CONF_OK) {
+    rd_kafka_conf_destroy(conf);
+    return false;
+  }
+  rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
+  if (rk == nullptr) {
+    rd_kafka_conf_destroy(conf);
+    return false;
+  }
+  const rd_kafka_metadata_t* md = nullptr;
+  bool ok = rd_kafka_metadata(rk, 0, nullptr, &md, static_cast<int>(timeout.count())) ==
+            RD_KAFKA_RESP_ERR_NO_ERROR;
+  if (ok) {
+    ok = md->broker_cnt > 0;
+    rd_kafka_metadata_destroy(md);
+  }
+  rd_kafka_destroy(rk);
+  return ok;
+}
+
+std::string ThrowawayKafka::LogTail(size_t lines) const {
+  return fmt::format("---- {}/logs/server.log ----\n{}\n---- {}/stdout.log ----\n{}", dir_,
+                     Tail(ReadFile(dir_ + "/logs/server.log"), lines), dir_,
+                     Tail(ReadFile(dir_ + "/stdout.log"), 10));
+}
+
+}  // namespace outbox_test
