@@ -29,7 +29,7 @@ int64_t UnixMicrosNow() {
 void SleepUnlessStopped(milliseconds d, const std::atomic<bool>& stop, RelayStats& stats) {
   auto until = Clock::now() + d;
   while (!stop.load() && Clock::now() < until) {
-    stats.heartbeat_unix_micros.store(UnixMicrosNow(), std::memory_order_relaxed);
+    stats.Beat();
     std::this_thread::sleep_for(milliseconds(50));
   }
 }
@@ -159,7 +159,8 @@ Status Relay::Prepare() {
 }
 
 int Relay::Run(const std::atomic<bool>& stop) {
-  stats_.heartbeat_unix_micros.store(UnixMicrosNow());
+  stop_ = &stop;
+  stats_.Beat();
   if (auto st = StartHttp(); !st) {
     spdlog::error("{}", st.error().message);
     return kExitConfig;
@@ -245,6 +246,7 @@ int Relay::Run(const std::atomic<bool>& stop) {
       need_slot_setup_ = true;
       // The new slot needs an empty tracker to start from its position.
       while (!tracker_->empty() && !tracker_->failure() && !stop.load()) {
+        stats_.Beat();
         tracker_->WaitForProgress(milliseconds(100));
       }
       continue;
@@ -281,6 +283,7 @@ int Relay::Run(const std::atomic<bool>& stop) {
     auto drain_until = Clock::now() + milliseconds(5000);
     while (!tracker_->empty() && !tracker_->failure() && Clock::now() < drain_until &&
            !stop.load()) {
+      stats_.Beat();
       tracker_->WaitForProgress(milliseconds(100));
     }
     milliseconds wait = err.code == ErrorCode::kSlotInUse ? milliseconds(2000) : Backoff(attempt++);
@@ -291,7 +294,7 @@ int Relay::Run(const std::atomic<bool>& stop) {
 Status Relay::StreamSession(pg::ReplicationStream& stream, const std::atomic<bool>& stop) {
   last_status_ = Clock::now() - milliseconds(config_.status_interval_ms);
   while (true) {
-    stats_.heartbeat_unix_micros.store(UnixMicrosNow(), std::memory_order_relaxed);
+    stats_.Beat();
     if (auto failure = tracker_->failure()) return Fail(ErrorCode::kFatal, "{}", *failure);
     // Stop only between transactions: a half-read transaction would be sent
     // again in full after a restart, and its first rows would be duplicates.
@@ -488,7 +491,15 @@ Status Relay::Produce(const outbox::KafkaRecord& record, tracking::Transaction* 
       return Ok();
     }
     // The producer's queue is full: keep the walsender content while waiting.
+    stats_.Beat();
     if (auto failure = tracker_->failure()) return Fail(ErrorCode::kFatal, "{}", *failure);
+    if (stop_ != nullptr && stop_->load()) {
+      // Kafka takes nothing and we are asked to stop: give up this
+      // transaction (it is abandoned and re-sent after the restart) rather
+      // than wait here past the shutdown timeout.
+      tracker_->CancelMessage(tx);
+      return Fail(ErrorCode::kTransient, "stopping while the Kafka producer's queue is full");
+    }
     if (stream != nullptr) {
       if (auto st = SendStatus(*stream, false); !st) return st;
     }
@@ -563,7 +574,7 @@ Status Relay::SendStatus(pg::ReplicationStream& stream, bool force) {
   last_status_ = now;
   last_sent_flush_ = flush;
   stats_.status_updates.fetch_add(1, std::memory_order_relaxed);
-  stats_.heartbeat_unix_micros.store(UnixMicrosNow(), std::memory_order_relaxed);
+  stats_.Beat();
   return Ok();
 }
 

@@ -232,6 +232,7 @@ Status Relay::Backfill(pg::Connection& conn, const std::string& snapshot,
   (void)conn.Exec("SET jit = off");
   pgoutput::TupleData tuple;
   while (!stop.load()) {
+    stats_.Beat();
     auto res = conn.ExecParams(sql, params);
     if (!res) return std::unexpected(res.error());
     PGresult* r = res->get();
@@ -253,6 +254,7 @@ Status Relay::Backfill(pg::Connection& conn, const std::string& snapshot,
         ++transactions;
       }
       while (tracker_->rows_in_flight() >= config_.max_in_flight && !tracker_->failure()) {
+        stats_.Beat();
         tracker_->WaitForProgress(std::chrono::milliseconds(2));
       }
       if (auto st = MapAndProduce(*columns, tuple, tx, nullptr); !st) {
@@ -270,6 +272,7 @@ Status Relay::Backfill(pg::Connection& conn, const std::string& snapshot,
   // Everything published and marked before the stream starts: the backfilled
   // rows committed before anything the slot will send.
   while (!tracker_->WaitEmpty(std::chrono::milliseconds(1000))) {
+    stats_.Beat();
     if (auto failure = tracker_->failure())
       return Fail(ErrorCode::kFatal, "backfill: {}", *failure);
     if (stop.load()) break;

@@ -88,6 +88,7 @@ class Relay {
   std::optional<outbox::DeadLetterBuilder> dead_letters_;
   std::optional<outbox::DeadLetterBuilder> refused_letters_;  // delivery thread only
   bool need_slot_setup_ = true;
+  const std::atomic<bool>* stop_ = nullptr;  // Run's stop flag, for waits deep in the loop
   // The loss being recovered was counted already (outbox_relay_slot_lost_total
   // counts each loss once, though both the stream and the slot setup see it,
   // and the setup may be retried).

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 
 namespace outbox_relay::app {
@@ -22,6 +23,15 @@ struct RelayStats {
   std::atomic<int64_t> heartbeat_unix_micros{0};  // last loop iteration that talked to the server
   std::atomic<bool> streaming{false};
   std::atomic<bool> standby{false};
+
+  // The loop is alive (for /healthz): every loop that waits calls it, so a
+  // long backfill or a wait for Kafka is not taken for a hang.
+  void Beat() {
+    heartbeat_unix_micros.store(std::chrono::duration_cast<std::chrono::microseconds>(
+                                    std::chrono::system_clock::now().time_since_epoch())
+                                    .count(),
+                                std::memory_order_relaxed);
+  }
 };
 
 }  // namespace outbox_relay::app
