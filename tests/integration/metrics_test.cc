@@ -3,17 +3,13 @@
 // (published per topic and event type, row counts by status, a marshal error
 // and a dead letter for the one poison row), and readiness that tells a
 // streaming instance from a standby one.
-#include <arpa/inet.h>
 #include <fmt/format.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <cstdlib>
-#include <sstream>
 #include <thread>
 
 #include "fixture.h"
+#include "support/http_get.h"
 #include "support/throwaway_pg.h"
 
 namespace outbox_test {
@@ -21,66 +17,6 @@ namespace {
 
 using std::chrono::milliseconds;
 using std::chrono::seconds;
-
-struct HttpResponse {
-  int status = 0;  // 0: no answer
-  std::string body;
-};
-
-// GET http://127.0.0.1:<port><path>, HTTP/1.0 (the server closes after the answer).
-HttpResponse HttpGet(int port, const std::string& path) {
-  HttpResponse out;
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return out;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  timeval tv{5, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    ::close(fd);
-    return out;
-  }
-  std::string request = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
-      static_cast<ssize_t>(request.size())) {
-    ::close(fd);
-    return out;
-  }
-  std::string raw;
-  char buf[8192];
-  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;)
-    raw.append(buf, static_cast<size_t>(n));
-  ::close(fd);
-  // "HTTP/1.1 200 OK\r\n...\r\n\r\nbody"
-  if (raw.compare(0, 5, "HTTP/") != 0) return out;
-  out.status = std::atoi(raw.c_str() + raw.find(' ') + 1);
-  size_t body = raw.find("\r\n\r\n");
-  if (body != std::string::npos) out.body = raw.substr(body + 4);
-  return out;
-}
-
-// Sum of the samples of `name` whose labels include every `name="value"` in
-// `labels` (exposition format: `name{a="x",b="y"} 12`). nullopt: no such sample.
-std::optional<double> Sample(const std::string& text, const std::string& name,
-                             const std::vector<std::string>& labels = {}) {
-  std::optional<double> sum;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty() || line[0] == '#') continue;
-    if (line.compare(0, name.size(), name) != 0) continue;
-    char next = line.size() > name.size() ? line[name.size()] : '\0';
-    if (next != '{' && next != ' ') continue;  // a longer name with this prefix
-    std::string label_part =
-        next == '{' ? line.substr(name.size(), line.find('}') - name.size()) : std::string();
-    bool match = true;
-    for (const auto& l : labels) match = match && label_part.find(l) != std::string::npos;
-    if (!match) continue;
-    sum = sum.value_or(0) + std::stod(line.substr(line.rfind(' ') + 1));
-  }
-  return sum;
-}
 
 class Metrics : public RelayTest {
  protected:
@@ -150,47 +86,48 @@ TEST_F(Metrics, KnownWorkloadGivesTheSeedsMetricsAndHealth) {
   std::string text = ScrapeUntil(
       port,
       [&](const std::string& t) {
-        return Sample(t, "outbox_rows_total", {svc, Label("status", "acked")}) == 43.0 &&
-               Sample(t, "outbox_relay_in_flight_messages", {svc}) == 0.0;
+        return MetricSum(t, "outbox_rows_total", {svc, Label("status", "acked")}) == 43.0 &&
+               MetricSum(t, "outbox_relay_in_flight_messages", {svc}) == 0.0;
       },
       seconds(20));
   ASSERT_FALSE(text.empty()) << "no answer on /metrics";
 
   // Seed names and labels.
-  EXPECT_EQ(Sample(text, "outbox_rows_total", {svc, Label("status", "acked")}), 43.0) << text;
-  EXPECT_EQ(Sample(text, "outbox_rows_total", {svc, Label("status", "pending")}), 0.0);
-  EXPECT_EQ(Sample(text, "outbox_rows_total", {svc, Label("status", "unacked")}), 0.0);
-  EXPECT_EQ(Sample(text, "outbox_forwarder_lag_seconds", {svc}), 0.0);
-  EXPECT_EQ(Sample(text, "events_published_total",
-                   {svc, Label("topic", review_topic), Label("event_type", "review.created")}),
+  EXPECT_EQ(MetricSum(text, "outbox_rows_total", {svc, Label("status", "acked")}), 43.0) << text;
+  EXPECT_EQ(MetricSum(text, "outbox_rows_total", {svc, Label("status", "pending")}), 0.0);
+  EXPECT_EQ(MetricSum(text, "outbox_rows_total", {svc, Label("status", "unacked")}), 0.0);
+  EXPECT_EQ(MetricSum(text, "outbox_forwarder_lag_seconds", {svc}), 0.0);
+  EXPECT_EQ(MetricSum(text, "events_published_total",
+                      {svc, Label("topic", review_topic), Label("event_type", "review.created")}),
             30.0)
       << text;
-  EXPECT_EQ(Sample(text, "events_published_total",
-                   {svc, Label("topic", order_topic), Label("event_type", "order.paid")}),
+  EXPECT_EQ(MetricSum(text, "events_published_total",
+                      {svc, Label("topic", order_topic), Label("event_type", "order.paid")}),
             12.0);
-  EXPECT_EQ(Sample(text, "outbox_forwarder_publish_duration_seconds_count",
-                   {svc, Label("topic", review_topic), Label("result", "ok")}),
+  EXPECT_EQ(MetricSum(text, "outbox_forwarder_publish_duration_seconds_count",
+                      {svc, Label("topic", review_topic), Label("result", "ok")}),
             30.0);
-  EXPECT_EQ(Sample(text, "outbox_forwarder_errors_total", {svc, Label("reason", "marshal")}), 1.0);
+  EXPECT_EQ(MetricSum(text, "outbox_forwarder_errors_total", {svc, Label("reason", "marshal")}),
+            1.0);
   EXPECT_EQ(
-      Sample(text, "outbox_forwarder_errors_total", {svc, Label("reason", "kafka_unavailable")}),
+      MetricSum(text, "outbox_forwarder_errors_total", {svc, Label("reason", "kafka_unavailable")}),
       0.0);
-  EXPECT_TRUE(Sample(text, "outbox_forwarder_errors_total", {svc, Label("reason", "db_read")}));
-  EXPECT_TRUE(Sample(text, "outbox_forwarder_errors_total", {svc, Label("reason", "db_ack")}));
+  EXPECT_TRUE(MetricSum(text, "outbox_forwarder_errors_total", {svc, Label("reason", "db_read")}));
+  EXPECT_TRUE(MetricSum(text, "outbox_forwarder_errors_total", {svc, Label("reason", "db_ack")}));
   // Replication metrics.
-  EXPECT_EQ(Sample(text, "outbox_relay_dead_lettered_total", {svc}), 1.0);
-  EXPECT_EQ(Sample(text, "outbox_relay_transactions_total", {svc}), 5.0);
-  EXPECT_EQ(Sample(text, "outbox_relay_commit_to_ack_seconds_count", {svc}), 43.0);
-  EXPECT_EQ(Sample(text, "outbox_relay_streaming", {svc}), 1.0);
-  EXPECT_EQ(Sample(text, "outbox_relay_standby", {svc}), 0.0);
-  EXPECT_EQ(Sample(text, "outbox_relay_slot_active", {svc}), 1.0);
-  EXPECT_GT(Sample(text, "outbox_relay_confirmed_lsn", {svc}).value_or(0), 0.0);
-  EXPECT_TRUE(Sample(text, "outbox_relay_slot_retained_wal_bytes", {svc}));
-  double heartbeat = Sample(text, "outbox_relay_heartbeat_timestamp_seconds", {svc}).value_or(0);
+  EXPECT_EQ(MetricSum(text, "outbox_relay_dead_lettered_total", {svc}), 1.0);
+  EXPECT_EQ(MetricSum(text, "outbox_relay_transactions_total", {svc}), 5.0);
+  EXPECT_EQ(MetricSum(text, "outbox_relay_commit_to_ack_seconds_count", {svc}), 43.0);
+  EXPECT_EQ(MetricSum(text, "outbox_relay_streaming", {svc}), 1.0);
+  EXPECT_EQ(MetricSum(text, "outbox_relay_standby", {svc}), 0.0);
+  EXPECT_EQ(MetricSum(text, "outbox_relay_slot_active", {svc}), 1.0);
+  EXPECT_GT(MetricSum(text, "outbox_relay_confirmed_lsn", {svc}).value_or(0), 0.0);
+  EXPECT_TRUE(MetricSum(text, "outbox_relay_slot_retained_wal_bytes", {svc}));
+  double heartbeat = MetricSum(text, "outbox_relay_heartbeat_timestamp_seconds", {svc}).value_or(0);
   double now = static_cast<double>(std::time(nullptr));
   EXPECT_LT(now - heartbeat, 30.0) << "heartbeat " << heartbeat << " now " << now;
   double last_commit =
-      Sample(text, "outbox_relay_last_commit_timestamp_seconds", {svc}).value_or(0);
+      MetricSum(text, "outbox_relay_last_commit_timestamp_seconds", {svc}).value_or(0);
   EXPECT_LT(now - last_commit, 120.0);
 
   // A stuck row ages the lag gauge: one row made unacked again with an old
@@ -202,13 +139,13 @@ TEST_F(Metrics, KnownWorkloadGivesTheSeedsMetricsAndHealth) {
   std::string lagging = ScrapeUntil(
       port,
       [&](const std::string& t) {
-        return Sample(t, "outbox_forwarder_lag_seconds", {svc}).value_or(0) >= 90.0;
+        return MetricSum(t, "outbox_forwarder_lag_seconds", {svc}).value_or(0) >= 90.0;
       },
       seconds(20));
-  EXPECT_GE(Sample(lagging, "outbox_forwarder_lag_seconds", {svc}).value_or(0), 90.0) << lagging;
-  EXPECT_EQ(Sample(lagging, "outbox_rows_total", {svc, Label("status", "pending")}), 1.0);
-  EXPECT_EQ(Sample(lagging, "outbox_rows_total", {svc, Label("status", "unacked")}), 1.0);
-  EXPECT_EQ(Sample(lagging, "outbox_rows_total", {svc, Label("status", "acked")}), 42.0);
+  EXPECT_GE(MetricSum(lagging, "outbox_forwarder_lag_seconds", {svc}).value_or(0), 90.0) << lagging;
+  EXPECT_EQ(MetricSum(lagging, "outbox_rows_total", {svc, Label("status", "pending")}), 1.0);
+  EXPECT_EQ(MetricSum(lagging, "outbox_rows_total", {svc, Label("status", "unacked")}), 1.0);
+  EXPECT_EQ(MetricSum(lagging, "outbox_rows_total", {svc, Label("status", "acked")}), 42.0);
   db_->Exec(fmt::format("UPDATE {} SET offset_acked = offset_consumed WHERE uuid = 'm-7'", table));
 
   // A second instance on the same slot is a standby: alive, not ready.
@@ -221,19 +158,20 @@ TEST_F(Metrics, KnownWorkloadGivesTheSeedsMetricsAndHealth) {
   EXPECT_EQ(HttpGet(standby_port, "/healthz").status, 200);
   std::string standby_text = ScrapeUntil(
       standby_port,
-      [&](const std::string& t) { return Sample(t, "outbox_relay_standby", {svc}) == 1.0; },
+      [&](const std::string& t) { return MetricSum(t, "outbox_relay_standby", {svc}) == 1.0; },
       seconds(10));
-  EXPECT_EQ(Sample(standby_text, "outbox_relay_standby", {svc}), 1.0);
-  EXPECT_EQ(Sample(standby_text, "outbox_relay_streaming", {svc}), 0.0);
+  EXPECT_EQ(MetricSum(standby_text, "outbox_relay_standby", {svc}), 1.0);
+  EXPECT_EQ(MetricSum(standby_text, "outbox_relay_streaming", {svc}), 0.0);
 
   fmt::print(
       "metrics: published review {} order {}, marshal errors {}, dead-lettered {}, acked rows {}, "
       "/healthz {}, /readyz {} (standby: /readyz {})\n",
-      Sample(text, "events_published_total", {svc, Label("topic", review_topic)}).value_or(-1),
-      Sample(text, "events_published_total", {svc, Label("topic", order_topic)}).value_or(-1),
-      Sample(text, "outbox_forwarder_errors_total", {svc, Label("reason", "marshal")}).value_or(-1),
-      Sample(text, "outbox_relay_dead_lettered_total", {svc}).value_or(-1),
-      Sample(text, "outbox_rows_total", {svc, Label("status", "acked")}).value_or(-1),
+      MetricSum(text, "events_published_total", {svc, Label("topic", review_topic)}).value_or(-1),
+      MetricSum(text, "events_published_total", {svc, Label("topic", order_topic)}).value_or(-1),
+      MetricSum(text, "outbox_forwarder_errors_total", {svc, Label("reason", "marshal")})
+          .value_or(-1),
+      MetricSum(text, "outbox_relay_dead_lettered_total", {svc}).value_or(-1),
+      MetricSum(text, "outbox_rows_total", {svc, Label("status", "acked")}).value_or(-1),
       health.status, ready.status, standby_ready.status);
 }
 

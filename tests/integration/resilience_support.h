@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/http_get.h"
 #include "support/pg.h"
 #include "support/throwaway_pg.h"
 #include "support/workload.h"
@@ -266,63 +267,6 @@ inline void PgCtl(const ThrowawayPostgres& cluster, const std::string& args) {
     throw std::runtime_error(
         fmt::format("pg_ctl {} failed ({}): see {}/postgres.log", args, rc, cluster.dir()));
   }
-}
-
-struct HttpResponse {
-  int status = 0;  // 0: no answer
-  std::string body;
-};
-
-// GET http://127.0.0.1:<port><path>, HTTP/1.0 (the server closes after the answer).
-inline HttpResponse HttpGet(int port, const std::string& path) {
-  HttpResponse out;
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return out;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  timeval tv{5, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    ::close(fd);
-    return out;
-  }
-  std::string request = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
-      static_cast<ssize_t>(request.size())) {
-    ::close(fd);
-    return out;
-  }
-  std::string raw;
-  char buf[8192];
-  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;)
-    raw.append(buf, static_cast<size_t>(n));
-  ::close(fd);
-  if (raw.compare(0, 5, "HTTP/") != 0) return out;
-  out.status = std::atoi(raw.c_str() + raw.find(' ') + 1);
-  size_t body = raw.find("\r\n\r\n");
-  if (body != std::string::npos) out.body = raw.substr(body + 4);
-  return out;
-}
-
-// Sum of the samples of metric `name` whose labels contain every entry of
-// `labels` (`reason="kafka_unavailable"`); nullopt: no such sample.
-inline std::optional<double> MetricSum(const std::string& text, const std::string& name,
-                                       const std::vector<std::string>& labels = {}) {
-  std::optional<double> sum;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty() || line[0] == '#' || line.compare(0, name.size(), name) != 0) continue;
-    char next = line.size() > name.size() ? line[name.size()] : '\0';
-    if (next != '{' && next != ' ') continue;
-    std::string label_part =
-        next == '{' ? line.substr(name.size(), line.find('}') - name.size()) : std::string();
-    bool match = true;
-    for (const auto& l : labels) match = match && label_part.find(l) != std::string::npos;
-    if (match) sum = sum.value_or(0) + std::stod(line.substr(line.rfind(' ') + 1));
-  }
-  return sum;
 }
 
 // Creates `topic` with `partitions` and topic-level `configs` (e.g.

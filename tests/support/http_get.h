@@ -12,7 +12,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <optional>
+#include <sstream>
 #include <string>
+#include <vector>
 
 namespace outbox_test {
 
@@ -83,6 +85,25 @@ inline std::optional<double> MetricValue(const std::string& exposition, const st
     return std::strtod(line.c_str() + value + 1, nullptr);
   }
   return std::nullopt;
+}
+
+// Sum of the samples of metric `name` whose labels contain every entry of
+// `labels` (e.g. `reason="marshal"`); nullopt: no such sample.
+inline std::optional<double> MetricSum(const std::string& exposition, const std::string& name,
+                                       const std::vector<std::string>& labels = {}) {
+  std::optional<double> sum;
+  std::istringstream in(exposition);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#' || !line.starts_with(name)) continue;
+    char next = line.size() > name.size() ? line[name.size()] : '\0';
+    if (next != '{' && next != ' ') continue;  // a longer name with this prefix
+    std::string label_part =
+        next == '{' ? line.substr(name.size(), line.find('}') - name.size()) : std::string();
+    bool match = true;
+    for (const auto& l : labels) match = match && label_part.find(l) != std::string::npos;
+    if (match) sum = sum.value_or(0) + std::strtod(line.c_str() + line.rfind(' ') + 1, nullptr);
+  }
+  return sum;
 }
 
 }  // namespace outbox_test
