@@ -18,12 +18,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-int64_t UnixMicrosNow() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 // Sleeps up to `d` in small steps so a stop request is noticed quickly; the
 // loop is alive meanwhile (heartbeat).
 void SleepUnlessStopped(milliseconds d, const std::atomic<bool>& stop, RelayStats& stats) {

@@ -8,6 +8,12 @@
 
 namespace outbox_relay::app {
 
+inline int64_t UnixMicrosNow() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 struct RelayStats {
   std::atomic<uint64_t> transactions{0};   // committed transactions received
   std::atomic<uint64_t> rows{0};           // outbox rows received
@@ -26,12 +32,7 @@ struct RelayStats {
 
   // The loop is alive (for /healthz): every loop that waits calls it, so a
   // long backfill or a wait for Kafka is not taken for a hang.
-  void Beat() {
-    heartbeat_unix_micros.store(std::chrono::duration_cast<std::chrono::microseconds>(
-                                    std::chrono::system_clock::now().time_since_epoch())
-                                    .count(),
-                                std::memory_order_relaxed);
-  }
+  void Beat() { heartbeat_unix_micros.store(UnixMicrosNow(), std::memory_order_relaxed); }
 };
 
 }  // namespace outbox_relay::app
