@@ -19,6 +19,7 @@
 #include "outbox_relay/kafka/producer.h"
 #include "outbox_relay/outbox/record.h"
 #include "outbox_relay/pg/connection.h"
+#include "outbox_relay/pg/publication.h"
 
 namespace outbox_relay::app {
 
@@ -49,29 +50,6 @@ int64_t Int(const PGresult* r, int row, int col) {
 
 bool Bool(const PGresult* r, int row, int col) { return pg::GetValue(r, row, col) == "t"; }
 
-// The text form of a text[]: {a,b,"c d","e\"f"}.
-std::set<std::string> ParseTextArray(std::string_view text) {
-  std::set<std::string> out;
-  if (text.size() < 2) return out;
-  text = text.substr(1, text.size() - 2);
-  std::string cur;
-  bool quoted = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    char ch = text[i];
-    if (quoted && ch == '\\' && i + 1 < text.size()) {
-      cur += text[++i];
-    } else if (ch == '"') {
-      quoted = !quoted;
-    } else if (ch == ',' && !quoted) {
-      out.insert(std::move(cur));
-      cur.clear();
-    } else {
-      cur += ch;
-    }
-  }
-  if (!text.empty()) out.insert(std::move(cur));
-  return out;
-}
 
 struct Column {
   int attnum = 0;
@@ -266,12 +244,15 @@ class Checker {
     table_owner_ = Str(res->get(), 0, 2);
     owns_table_ = Bool(res->get(), 0, 3);
     std::string kind = Str(res->get(), 0, 1);
-    if (kind != "r") {
-      Warn("outbox table",
-           fmt::format("{} exists but is not a plain table (relkind {})", r_.table_name.ToString(),
-                       kind),
-           "the relay is tested with a plain table; a partitioned one needs its publication "
-           "WITH (publish_via_partition_root = true)");
+    if (kind == "p") {
+      Ok("outbox table", fmt::format("{} exists, partitioned (owner {})",
+                                     r_.table_name.ToString(), table_owner_));
+    } else if (kind != "r") {
+      Failed("outbox table",
+             fmt::format("{} exists but is not a table (relkind {}): run refuses it",
+                         r_.table_name.ToString(), kind),
+             "logical replication publishes plain and partitioned tables only: point --table "
+             "(OUTBOX_TABLE) at one");
     } else {
       Ok("outbox table",
          fmt::format("{} exists (owner {})", r_.table_name.ToString(), table_owner_));
@@ -500,19 +481,13 @@ class Checker {
 
   void Publication() {
     const std::string name = "publication " + r_.publication;
-    const std::string create_sql =
-        fmt::format("CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert');",
-                    pg::QuoteIdent(r_.publication), r_.table_name.Quoted());
-    std::optional<std::string> params[] = {r_.publication};
-    auto res = conn_->ExecParams(
-        "SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate FROM pg_publication "
-        "WHERE pubname = $1",
-        params);
-    if (!res) {
-      Failed(name, res.error().message, "");
+    const std::string create_sql = pg::CreatePublicationSql(r_.publication, r_.table_name) + ";";
+    auto pub = pg::QueryPublication(*conn_, r_.publication, r_.table_name);
+    if (!pub) {
+      Failed(name, pub.error().message, "");
       return;
     }
-    if (PQntuples(res->get()) == 0) {
+    if (!pub->exists) {
       if (superuser_ || (owns_table_ && can_create_in_db_)) {
         Ok(name, fmt::format("does not exist; run creates it: {}", create_sql));
       } else {
@@ -524,100 +499,25 @@ class Checker {
       }
       return;
     }
-    const PGresult* p = res->get();
-    bool all_tables = Bool(p, 0, 0);
-    bool insert = Bool(p, 0, 1);
-    std::vector<std::string> extra_ops;
-    if (Bool(p, 0, 2)) extra_ops.push_back("update");
-    if (Bool(p, 0, 3)) extra_ops.push_back("delete");
-    if (Bool(p, 0, 4)) extra_ops.push_back("truncate");
-
-    bool pg15 = version_num_ >= 150000;
-    auto tables = conn_->ExecParams(
-        pg15 ? "SELECT schemaname, tablename, attnames::text[], rowfilter FROM "
-               "pg_publication_tables WHERE pubname = $1"
-             : "SELECT schemaname, tablename, NULL::text[], NULL::text FROM pg_publication_tables "
-               "WHERE pubname = $1",
-        params);
-    if (!tables) {
-      Failed(name, tables.error().message, "");
+    auto table = pg::QueryTable(*conn_, r_.table_name);
+    if (!table) {
+      Failed(name, table.error().message, "");
       return;
     }
-    bool includes = false;
-    std::string attnames;
-    std::string rowfilter;
-    std::vector<std::string> others;
-    for (int i = 0; i < PQntuples(tables->get()); ++i) {
-      std::string schema = Str(tables->get(), i, 0);
-      std::string table = Str(tables->get(), i, 1);
-      if (schema == r_.table_name.schema && table == r_.table_name.name) {
-        includes = true;
-        attnames = Str(tables->get(), i, 2);
-        rowfilter = Str(tables->get(), i, 3);
+    // The same judgement `run` makes at start: what it refuses fails here.
+    auto problems = pg::Problems(*pub, *table, r_.publication, r_.table_name,
+                                 {r_.columns.uuid, r_.columns.payload, r_.columns.metadata,
+                                  r_.columns.transaction_id, r_.columns.offset});
+    for (const pg::PublicationProblem& problem : problems) {
+      if (problem.refuse) {
+        Failed(name, problem.what + " (run refuses it)", problem.fix);
       } else {
-        others.push_back(schema + "." + table);
+        Warn(name, problem.what, problem.fix);
       }
     }
-    bool ok = true;
-    if (!includes) {
-      Failed(name, fmt::format("exists but does not include {}", r_.table_name.ToString()),
-             fmt::format("ALTER PUBLICATION {} ADD TABLE {};", pg::QuoteIdent(r_.publication),
-                         r_.table_name.Quoted()));
-      return;
-    }
-    if (!insert) {
-      ok = false;
-      Failed(name, "does not publish inserts: the relay would receive no rows",
-             fmt::format("ALTER PUBLICATION {} SET (publish = 'insert');",
-                         pg::QuoteIdent(r_.publication)));
-    }
-    if (!extra_ops.empty()) {
-      ok = false;
-      Warn(name,
-           fmt::format("also publishes {}: the relay ignores them, but every offset_acked "
-                       "marking UPDATE is then decoded and sent to it as well",
-                       fmt::join(extra_ops, ", ")),
-           fmt::format("ALTER PUBLICATION {} SET (publish = 'insert');",
-                       pg::QuoteIdent(r_.publication)));
-    }
-    if (all_tables || !others.empty()) {
-      ok = false;
-      std::string which =
-          all_tables
-              ? std::string("FOR ALL TABLES")
-              : fmt::format("{} other table(s): {}", others.size(),
-                            fmt::join(others.begin(),
-                                      others.begin() + std::min<size_t>(others.size(), 5), ", "));
-      Warn(name,
-           fmt::format("{}: their changes are decoded and streamed to the relay, which skips "
-                       "them",
-                       which),
-           fmt::format("give the relay its own publication: {} (and --publication)", create_sql));
-    }
-    if (!attnames.empty()) {
-      std::set<std::string> published = ParseTextArray(attnames);
-      for (const std::string* col : {&r_.columns.uuid, &r_.columns.payload, &r_.columns.metadata,
-                                     &r_.columns.transaction_id, &r_.columns.offset}) {
-        if (!published.contains(*col)) {
-          ok = false;
-          Failed(name, fmt::format("its column list {} leaves out '{}'", attnames, *col),
-                 fmt::format("ALTER PUBLICATION {} SET TABLE {};", pg::QuoteIdent(r_.publication),
-                             r_.table_name.Quoted()));
-          break;
-        }
-      }
-    }
-    if (!rowfilter.empty()) {
-      ok = false;
-      Warn(name,
-           fmt::format("has a row filter WHERE {}: rows it excludes are never published (but "
-                       "stay unacked)",
-                       rowfilter),
-           fmt::format("ALTER PUBLICATION {} SET TABLE {};", pg::QuoteIdent(r_.publication),
-                       r_.table_name.Quoted()));
-    }
-    if (ok) {
-      Ok(name, fmt::format("FOR TABLE {}, publish = insert", r_.table_name.ToString()));
+    if (problems.empty()) {
+      Ok(name, fmt::format("FOR TABLE {}, publish = insert{}", r_.table_name.ToString(),
+                           table->partitioned() ? ", publish_via_partition_root" : ""));
     }
   }
 

@@ -39,7 +39,9 @@ void AddRunFlags(CLI::App& app, RelayConfig& c) {
       ->envname("OUTBOX_TOPIC_TEMPLATE")
       ->capture_default_str();
   app.add_option("--key-field", c.mapper.key_field,
-                 "Metadata key whose value is the Kafka record key (empty: null key)")
+                 "Metadata key whose value is the Kafka record key; when it is empty or absent, "
+                 "the metadata's partition_key, else the empty key, as the Go pipeline's "
+                 "partitioning marshaler (set it empty for a null key, as DefaultMarshaler)")
       ->envname("OUTBOX_KEY_FIELD")
       ->capture_default_str();
   app.add_option("--partition-key-header", c.mapper.partition_key_header,
@@ -69,13 +71,19 @@ void AddRunFlags(CLI::App& app, RelayConfig& c) {
                  "Column set to the offset once published (NULL until then)")
       ->envname("OUTBOX_COLUMN_ACKED")
       ->capture_default_str();
+  app.add_option("--column-created-at", c.created_at_column,
+                 "Column with the row's creation time: outbox_forwarder_lag_seconds is now minus "
+                 "the oldest unacked one (empty: no lag metric)")
+      ->envname("OUTBOX_COLUMN_CREATED_AT")
+      ->capture_default_str();
   app.add_option("--mark", c.mark,
                  "Mark published rows (offset_acked); confirmation waits for the marking")
       ->envname("OUTBOX_MARK")
       ->capture_default_str();
   app.add_option("--kafka-property", c.kafka_properties,
                  "librdkafka property key=value, repeatable (TLS, SASL, compression, tuning). "
-                 "Env OUTBOX_KAFKA_PROPERTIES: 'k=v;k=v' or one per line");
+                 "Env OUTBOX_KAFKA_PROPERTIES: 'k=v;k=v' (\\; for a ';' in a value) or one per "
+                 "line (values verbatim)");
   app.add_option("--sink", c.sink, "Where records go: kafka, or null (benchmarks only)")
       ->envname("OUTBOX_SINK")
       ->check(CLI::IsMember({"kafka", "null"}))
@@ -119,6 +127,10 @@ void AddRunFlags(CLI::App& app, RelayConfig& c) {
                  "(migration from a polling forwarder)")
       ->envname("OUTBOX_BACKFILL")
       ->capture_default_str();
+  app.add_option("--backfill-batch", c.backfill_batch,
+                 "Rows per backfill query (a page of the keyset scan over the unacked rows)")
+      ->envname("OUTBOX_BACKFILL_BATCH")
+      ->capture_default_str();
   app.add_option("--create-topics", c.create_topics, "Create missing Kafka topics")
       ->envname("OUTBOX_CREATE_TOPICS")
       ->capture_default_str();
@@ -140,19 +152,38 @@ void AddRunFlags(CLI::App& app, RelayConfig& c) {
 }
 
 std::vector<std::string> SplitPropertyList(std::string_view text) {
+  // One property per line when there is a line break: values are then taken
+  // verbatim, ';' included. Otherwise ';' separates, and "\;" is a ';' and
+  // "\\" a backslash inside a value (a password may hold either).
+  const bool lines = text.find('\n') != std::string_view::npos;
   std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t end = text.find_first_of(";\n", start);
-    if (end == std::string_view::npos) end = text.size();
-    std::string_view item = text.substr(start, end - start);
-    while (!item.empty() && (item.front() == ' ' || item.front() == '\t')) item.remove_prefix(1);
-    while (!item.empty() && (item.back() == ' ' || item.back() == '\t' || item.back() == '\r')) {
-      item.remove_suffix(1);
+  std::string item;
+  auto flush = [&] {
+    std::string_view v = item;
+    while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+    while (!v.empty() && (v.back() == ' ' || v.back() == '\t' || v.back() == '\r')) {
+      v.remove_suffix(1);
     }
-    if (!item.empty()) out.emplace_back(item);
-    start = end + 1;
+    if (!v.empty()) out.emplace_back(v);
+    item.clear();
+  };
+  for (size_t i = 0; i < text.size(); ++i) {
+    char c = text[i];
+    if (lines) {
+      if (c == '\n') {
+        flush();
+      } else {
+        item.push_back(c);
+      }
+    } else if (c == '\\' && i + 1 < text.size() && (text[i + 1] == ';' || text[i + 1] == '\\')) {
+      item.push_back(text[++i]);
+    } else if (c == ';') {
+      flush();
+    } else {
+      item.push_back(c);
+    }
   }
+  flush();
   return out;
 }
 
@@ -215,6 +246,7 @@ Status Validate(RelayConfig& c) {
   }
   if (c.dlq_max_bytes < 1024)
     return Bad("--dlq-max-bytes", "OUTBOX_DLQ_MAX_BYTES", "must be >= 1024");
+  if (c.backfill_batch < 1) return Bad("--backfill-batch", "OUTBOX_BACKFILL_BATCH", "must be >= 1");
   if (c.topic_partitions < 1) {
     return Bad("--topic-partitions", "OUTBOX_TOPIC_PARTITIONS", "must be >= 1");
   }
@@ -231,11 +263,16 @@ Status Validate(RelayConfig& c) {
     for (auto& p : SplitPropertyList(env)) props.push_back(std::move(p));
   }
   c.kafka_property_pairs.clear();
-  for (const std::string& p : props) {
+  for (size_t i = 0; i < props.size(); ++i) {
+    const std::string& p = props[i];
     size_t eq = p.find('=');
     if (eq == std::string::npos || eq == 0) {
+      // Not repeated: the text may be (part of) a secret.
       return Bad("--kafka-property", "OUTBOX_KAFKA_PROPERTIES",
-                 fmt::format("'{}': expected key=value", p));
+                 fmt::format("property {} of {} is not key=value (a ';' inside a value is "
+                             "written \\; in OUTBOX_KAFKA_PROPERTIES, or give one property per "
+                             "line)",
+                             i + 1, props.size()));
     }
     c.kafka_property_pairs.emplace_back(p.substr(0, eq), p.substr(eq + 1));
   }

@@ -36,6 +36,39 @@ class JsonFormatter final : public spdlog::formatter {
   }
 };
 
+// 2026-11-29T19:14:26.123456Z info message. Messages can carry text from
+// rows (uuids, metadata in a poison row's reason): a line break there must
+// not start a line that reads as a record of its own. Continuation lines are
+// indented, other control characters written as \xNN.
+class TextFormatter final : public spdlog::formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
+    auto since_epoch = msg.time.time_since_epoch();
+    auto secs = std::chrono::duration_cast<std::chrono::seconds>(since_epoch);
+    auto micros = std::chrono::duration_cast<std::chrono::microseconds>(since_epoch - secs);
+    std::time_t t = secs.count();
+    std::tm tm{};
+    gmtime_r(&t, &tm);
+    fmt::format_to(std::back_inserter(dest), "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z {} ",
+                   tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                   micros.count(), spdlog::level::to_string_view(msg.level));
+    for (char c : std::string_view(msg.payload.data(), msg.payload.size())) {
+      auto u = static_cast<unsigned char>(c);
+      if (c == '\n') {
+        dest.append(std::string_view("\n    "));
+      } else if ((u < 0x20 && c != '\t') || u == 0x7f) {
+        fmt::format_to(std::back_inserter(dest), "\\x{:02x}", static_cast<unsigned>(u));
+      } else {
+        dest.push_back(c);
+      }
+    }
+    dest.push_back('\n');
+  }
+  std::unique_ptr<spdlog::formatter> clone() const override {
+    return std::make_unique<TextFormatter>();
+  }
+};
+
 }  // namespace
 
 void SetupLogging(const LogConfig& config) {
@@ -44,7 +77,7 @@ void SetupLogging(const LogConfig& config) {
   if (config.format == "json") {
     logger->set_formatter(std::make_unique<JsonFormatter>());
   } else {
-    logger->set_pattern("%Y-%m-%dT%H:%M:%S.%fZ %^%l%$ %v", spdlog::pattern_time_type::utc);
+    logger->set_formatter(std::make_unique<TextFormatter>());
   }
   logger->set_level(spdlog::level::from_str(config.level));
   logger->flush_on(spdlog::level::info);

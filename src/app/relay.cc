@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "outbox_relay/kafka/producer.h"
+#include "outbox_relay/pg/publication.h"
 #include "outbox_relay/pg/relay_schema.h"
 #include "outbox_relay/walproto/walproto.h"
 
@@ -35,13 +36,21 @@ milliseconds Backoff(int attempt) {
   return milliseconds(std::uniform_int_distribution<int64_t>(cap / 2, cap)(rng));
 }
 
+std::vector<std::string> NeededColumns(const outbox::ColumnNames& c) {
+  return {c.uuid, c.payload, c.metadata, c.transaction_id, c.offset};
+}
+
 // Exit codes: 0 clean stop, 1 runtime failure, 2 bad configuration/setup.
 constexpr int kExitFailure = 1;
 constexpr int kExitConfig = 2;
 
 }  // namespace
 
-Relay::Relay(RelayConfig config) : config_(std::move(config)), metrics_(config_.service) {}
+Relay::Relay(RelayConfig config)
+    : config_(std::move(config)),
+      metrics_(config_.service),
+      // The start position is set by SetupSlot from the slot itself.
+      tracker_(std::make_unique<tracking::AckTracker>(kInvalidLsn, config_.mark)) {}
 
 Relay::~Relay() = default;
 
@@ -51,18 +60,26 @@ Status Relay::Prepare() {
   spdlog::info("connected to PostgreSQL {} as {}", conn->server_version(), conn->user());
 
   // Fail fast on a table that cannot work, before touching slots.
+  auto table = pg::QueryTable(*conn, config_.table_name);
+  if (!table) return std::unexpected(table.error());
+  if (!table->exists) {
+    return Fail(ErrorCode::kInvalidArgument,
+                "invalid setting --table (OUTBOX_TABLE): table {} does not exist (create it with "
+                "sql/outbox.sql)",
+                config_.table_name.ToString());
+  }
+  if (table->relkind != 'r' && table->relkind != 'p') {
+    return Fail(ErrorCode::kInvalidArgument,
+                "invalid setting --table (OUTBOX_TABLE): {} is not a table (relkind '{}'): "
+                "logical replication publishes plain and partitioned tables only",
+                config_.table_name.ToString(), table->relkind);
+  }
   std::optional<std::string> params[] = {config_.table_name.Quoted()};
   auto cols = conn->ExecParams(
       "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND "
       "NOT attisdropped",
       params);
   if (!cols) return std::unexpected(cols.error());
-  if (PQntuples(cols->get()) == 0) {
-    return Fail(ErrorCode::kInvalidArgument,
-                "invalid setting --table (OUTBOX_TABLE): table {} does not exist (create it with "
-                "sql/outbox.sql)",
-                config_.table_name.ToString());
-  }
   pgoutput::Relation rel;
   for (int i = 0; i < PQntuples(cols->get()); ++i) {
     rel.columns.push_back({0, std::string(*pg::GetValue(cols->get(), i, 0)), 0, -1});
@@ -76,14 +93,21 @@ Status Relay::Prepare() {
                 "'{}' (use --mark=false to publish without marking)",
                 config_.table_name.ToString(), config_.acked_column);
   }
+  if (!config_.created_at_column.empty() && rel.ColumnIndex(config_.created_at_column) < 0) {
+    return Fail(ErrorCode::kInvalidArgument,
+                "invalid setting --column-created-at (OUTBOX_COLUMN_CREATED_AT): table {} has no "
+                "column '{}' (it dates the oldest unpublished row for "
+                "outbox_forwarder_lag_seconds; set it to '' to go without that metric)",
+                config_.table_name.ToString(), config_.created_at_column);
+  }
 
   if (auto st = pg::EnsureRelaySchema(*conn); !st) return st;
-  if (auto st = pg::EnsurePublication(*conn, config_.publication, config_.table_name); !st) {
+  if (auto st = pg::EnsurePublication(*conn, config_.publication, config_.table_name,
+                                      NeededColumns(config_.columns));
+      !st) {
     return st;
   }
 
-  // The start position is set by SetupSlot from the slot itself.
-  tracker_ = std::make_unique<tracking::AckTracker>(kInvalidLsn, config_.mark);
   // Test-only faults, so the fault tests can show what they would catch.
   if (const char* env = std::getenv("OUTBOX_TEST_FAULT")) {
     std::string_view fault(env);
@@ -114,7 +138,6 @@ Status Relay::Prepare() {
     }
   }
   dead_letters_.emplace(config_.dlq_topic, dlq_max_bytes, config_.columns);
-  refused_letters_.emplace(config_.dlq_topic, dlq_max_bytes, config_.columns);
 
   auto on_delivery = [this](const kafka::Delivery& d) { OnDelivery(d); };
   if (config_.sink == "null") {
@@ -127,10 +150,16 @@ Status Relay::Prepare() {
       metrics_.CountError(metrics::ErrorReason::kKafkaUnavailable);
     });
     if (!producer) return std::unexpected(producer.error());
-    if (auto st = (*producer)->CheckConnection(milliseconds(10000)); !st) {
-      spdlog::warn("Kafka not reachable yet ({}); records wait in the producer until it is",
-                   st.error().message);
+    // Up to 10 s for a first answer, in slices: a stop request is not held up.
+    Status reached = Fail(ErrorCode::kTransient, "no answer");
+    for (int i = 0; i < 10 && !reached && !(stop_ != nullptr && stop_->load()); ++i) {
+      reached = (*producer)->CheckConnection(milliseconds(1000));
     }
+    if (!reached) {
+      spdlog::warn("Kafka not reachable yet ({}); records wait in the producer until it is",
+                   reached.error().message);
+    }
+    stats_.kafka_reachable.store(static_cast<bool>(reached));
     producer_ = producer->get();
     sink_ = std::move(*producer);
   }
@@ -187,9 +216,18 @@ int Relay::Run(const std::atomic<bool>& stop) {
     if (need_slot_setup_) {
       auto st = SetupSlot(stop);
       if (!st) {
+        if (st.error().code == ErrorCode::kCancelled) return Shutdown(nullptr, false);
         if (DispositionOf(st.error()) != Disposition::kRetry) {
           spdlog::error("{}", st.error().message);
           return Shutdown(nullptr, true);
+        }
+        if (st.error().code == ErrorCode::kSlotInUse) {
+          // Another instance sets the slot up (or backfills): we are its standby.
+          if (!stats_.standby.exchange(true)) {
+            spdlog::info("standby: {}; waiting to take over", st.error().message);
+          }
+          SleepUnlessStopped(milliseconds(2000), stop, stats_);
+          continue;
         }
         milliseconds wait = Backoff(attempt++);
         spdlog::warn("slot setup: {} (retrying in {} ms)", st.error().message, wait.count());
@@ -234,6 +272,10 @@ int Relay::Run(const std::atomic<bool>& stop) {
     }
 
     const Error& err = st.error();
+    if (err.code == ErrorCode::kCancelled) {
+      spdlog::info("{}", err.message);
+      return Shutdown(stream ? &*stream : nullptr, false);
+    }
     if (err.code == ErrorCode::kSlotLost && config_.on_slot_lost == "reconcile") {
       spdlog::error("{}: recreating the slot and backfilling the unacked rows", err.message);
       if (!std::exchange(slot_loss_counted_, true)) stats_.slot_lost.fetch_add(1);
@@ -241,6 +283,7 @@ int Relay::Run(const std::atomic<bool>& stop) {
       // The new slot needs an empty tracker to start from its position.
       while (!tracker_->empty() && !tracker_->failure() && !stop.load()) {
         stats_.Beat();
+        if (auto dl = DeadLetterRefused(nullptr); !dl) break;
         tracker_->WaitForProgress(milliseconds(100));
       }
       continue;
@@ -278,6 +321,7 @@ int Relay::Run(const std::atomic<bool>& stop) {
     while (!tracker_->empty() && !tracker_->failure() && Clock::now() < drain_until &&
            !stop.load()) {
       stats_.Beat();
+      if (auto dl = DeadLetterRefused(nullptr); !dl) break;
       tracker_->WaitForProgress(milliseconds(100));
     }
     milliseconds wait = err.code == ErrorCode::kSlotInUse ? milliseconds(2000) : Backoff(attempt++);
@@ -290,9 +334,21 @@ Status Relay::StreamSession(pg::ReplicationStream& stream, const std::atomic<boo
   while (true) {
     stats_.Beat();
     if (auto failure = tracker_->failure()) return Fail(ErrorCode::kFatal, "{}", *failure);
-    // Stop only between transactions: a half-read transaction would be sent
-    // again in full after a restart, and its first rows would be duplicates.
-    if (stop.load() && open_tx_ == nullptr) return Ok();
+    // Stop between transactions: a half-read transaction would be sent again
+    // in full after a restart, and its first rows would be duplicates. But
+    // not at any price: when its end does not come (Kafka holds everything
+    // back), give it up within half the shutdown timeout.
+    if (stop.load()) {
+      if (open_tx_ == nullptr) return Ok();
+      if (StopGraceOver()) {
+        return Fail(ErrorCode::kCancelled,
+                    "stopping inside transaction xid {}: it is given up and sent again after the "
+                    "restart",
+                    open_tx_->xid);
+      }
+    }
+    if (auto st = DeadLetterRefused(&stream); !st) return st;
+    if (sink_) stats_.kafka_reachable.store(sink_->Reachable(), std::memory_order_relaxed);
     if (auto st = SendStatus(stream, false); !st) return st;
     LogProgress();
     if (Backpressured()) {
@@ -382,8 +438,18 @@ Status Relay::HandleXLogData(std::string_view data, pg::ReplicationStream& strea
 }
 
 Status Relay::HandleRelation(const pgoutput::Relation& relation) {
-  bool ours =
+  bool named_ours =
       relation.nspname == config_.table_name.schema && relation.relname == config_.table_name.name;
+  if (outbox_relid_ != 0 && relation.relation_id == outbox_relid_ && !named_ours) {
+    // Renamed (or moved to another schema): the publication follows the
+    // table, but the marker and the backfill find it by the configured name.
+    // Going on with the old column positions would misread its rows.
+    return Fail(ErrorCode::kFatal,
+                "the outbox table {} is now {}.{} (renamed or moved while the relay ran): start "
+                "the relay with --table (OUTBOX_TABLE) naming it",
+                config_.table_name.ToString(), relation.nspname, relation.relname);
+  }
+  bool ours = named_ours;
   if (ours) {
     // Sent before the first row and again after any schema change: columns
     // are found by name each time.
@@ -421,14 +487,17 @@ Status Relay::MapAndProduce(const outbox::ColumnMap& columns, const pgoutput::Tu
                             tracking::Transaction* tx, pg::ReplicationStream* stream) {
   auto mapped = mapper_->Map(columns, row, tx->final_lsn);
   if (!mapped) return std::unexpected(mapped.error());
-  tracking::AckTracker::NoteTransactionId(tx, mapped->identity.transaction_id);
-  if (mapped->poison) {
-    return DeadLetter(*mapped->poison, mapped->identity, columns, row, tx, stream);
-  }
-  auto st = Produce(*mapped->record, tx, stream);
-  if (!st && st.error().code == ErrorCode::kPoison) {
+  Status st = mapped->poison
+                  ? DeadLetter(*mapped->poison, mapped->identity, columns, row, tx, stream)
+                  : Produce(*mapped->record, tx, stream);
+  if (!st && st.error().code == ErrorCode::kPoison && !mapped->poison) {
     // Refused by the producer itself (e.g. larger than message.max.bytes).
-    return DeadLetter(st.error(), mapped->identity, columns, row, tx, stream);
+    st = DeadLetter(st.error(), mapped->identity, columns, row, tx, stream);
+  }
+  // Only a row whose record (or dead letter) the sink took is marked, once
+  // it is acknowledged: never one whose production was given up.
+  if (st) {
+    tracking::AckTracker::NoteRow(tx, mapped->identity.transaction_id, mapped->identity.offset);
   }
   return st;
 }
@@ -460,7 +529,7 @@ Status Relay::DeadLetter(const Error& reason, const outbox::RowIdentity& identit
                identity.offset, config_.dlq_topic, reason.message);
   stats_.dead_lettered.fetch_add(1, std::memory_order_relaxed);
   auto st = Produce(record, tx, stream);
-  if (!st) {
+  if (!st && st.error().code != ErrorCode::kCancelled) {
     return Fail(ErrorCode::kFatal, "cannot dead-letter row transaction_id={} offset={}: {}",
                 identity.transaction_id, identity.offset, st.error().message);
   }
@@ -470,13 +539,17 @@ Status Relay::DeadLetter(const Error& reason, const outbox::RowIdentity& identit
 Status Relay::Produce(const outbox::KafkaRecord& record, tracking::Transaction* tx,
                       pg::ReplicationStream* stream) {
   tracker_->AddMessage(tx);
+  auto st = Offer(record, tx, stream);
+  // Not taken: undo the count so the transaction can still complete.
+  if (!st) tracker_->CancelMessage(tx);
+  return st;
+}
+
+Status Relay::Offer(const outbox::KafkaRecord& record, tracking::Transaction* tx,
+                    pg::ReplicationStream* stream) {
   while (true) {
     auto accepted = sink_->Produce(record, tx);
-    if (!accepted) {
-      // Not taken: undo the count so the transaction can still complete.
-      tracker_->CancelMessage(tx);
-      return std::unexpected(accepted.error());
-    }
+    if (!accepted) return std::unexpected(accepted.error());
     if (*accepted == kafka::Sink::Accepted::kQueued) {
       uint64_t n = stats_.produced.fetch_add(1, std::memory_order_relaxed) + 1;
       if (n == test_fatal_after_ && producer_ != nullptr) [[unlikely]] {
@@ -484,21 +557,30 @@ Status Relay::Produce(const outbox::KafkaRecord& record, tracking::Transaction* 
       }
       return Ok();
     }
-    // The producer's queue is full: keep the walsender content while waiting.
+    // The producer's queue is full (or the topic is still being prepared):
+    // keep the walsender content while waiting.
     stats_.Beat();
     if (auto failure = tracker_->failure()) return Fail(ErrorCode::kFatal, "{}", *failure);
-    if (stop_ != nullptr && stop_->load()) {
+    if (StopGraceOver()) {
       // Kafka takes nothing and we are asked to stop: give up this
       // transaction (it is abandoned and re-sent after the restart) rather
       // than wait here past the shutdown timeout.
-      tracker_->CancelMessage(tx);
-      return Fail(ErrorCode::kTransient, "stopping while the Kafka producer's queue is full");
+      return Fail(ErrorCode::kCancelled,
+                  "stopping while the Kafka producer takes nothing more: the open transaction "
+                  "is sent again after the restart");
     }
     if (stream != nullptr) {
       if (auto st = SendStatus(*stream, false); !st) return st;
     }
     tracker_->WaitForProgress(milliseconds(1));
   }
+}
+
+bool Relay::StopGraceOver() {
+  if (stop_ == nullptr || !stop_->load()) return false;
+  auto now = Clock::now();
+  if (stop_seen_ == Clock::time_point{}) stop_seen_ = now;
+  return now - stop_seen_ >= milliseconds(config_.shutdown_timeout_ms / 2);
 }
 
 Status Relay::StartHttp() {
@@ -521,7 +603,7 @@ metrics::Health Relay::Healthz() const {
 metrics::Health Relay::Readyz() const {
   if (stats_.standby.load()) return {false, "standby: another instance holds the slot"};
   if (!stats_.streaming.load()) return {false, "not streaming"};
-  if (sink_ == nullptr || !sink_->Reachable()) return {false, "Kafka not reachable"};
+  if (!stats_.kafka_reachable.load()) return {false, "Kafka not reachable"};
   return {true, "ok: streaming, Kafka reachable"};
 }
 
@@ -542,10 +624,8 @@ void Relay::RefreshMetrics() {
   metrics_.standby().Set(stats_.standby.load() ? 1 : 0);
   metrics_.streaming().Set(stats_.streaming.load() ? 1 : 0);
   metrics_.last_commit_time().Set(static_cast<double>(stats_.last_commit_unix_micros.load()) / 1e6);
-  if (tracker_) {
-    metrics_.in_flight().Set(static_cast<double>(tracker_->rows_in_flight()));
-    metrics_.slot_confirmed_lsn().Set(static_cast<double>(tracker_->confirmed().value()));
-  }
+  metrics_.in_flight().Set(static_cast<double>(tracker_->rows_in_flight()));
+  metrics_.slot_confirmed_lsn().Set(static_cast<double>(tracker_->confirmed().value()));
 }
 
 bool Relay::Backpressured() const {
@@ -590,45 +670,59 @@ void Relay::OnDelivery(const kafka::Delivery& d) {
   }
   if (d.error->code == ErrorCode::kPoison && config_.on_poison == "dlq" &&
       d.topic != config_.dlq_topic) {
-    DeadLetterRefused(d, tx);
+    // Hand it to the loop thread (see RefusedRecord); the message keeps its
+    // pending token, so its transaction cannot complete meanwhile.
+    RefusedRecord refused{tx, {}, std::nullopt, d.error->message};
+    for (const auto& [name, value] : d.headers) {
+      if (name == outbox::kUuidHeader) refused.uuid = value;
+    }
+    if (d.value) refused.value = std::string(*d.value);
+    {
+      std::lock_guard lock(refused_mu_);
+      refused_.push_back(std::move(refused));
+    }
+    has_refused_.store(true, std::memory_order_release);
+    tracker_->Wake();
     return;
   }
   if (!tracker_->failure()) spdlog::error("{}", d.error->message);  // the first says it all
   tracker_->OnFailed(tx, d.error->message);
 }
 
-void Relay::DeadLetterRefused(const kafka::Delivery& d, tracking::Transaction* tx) {
-  // The broker refused a record the producer had accepted (e.g. larger than
-  // the topic's max.message.bytes). The row itself is gone from memory; what
-  // identifies it is its uuid header and its transaction.
-  outbox::RowIdentity identity;
-  identity.offset = -1;
-  if (!tx->transaction_ids.empty()) identity.transaction_id = tx->transaction_ids.front();
-  std::optional<std::string_view> metadata;
-  for (const auto& [name, value] : d.headers) {
-    if (name == outbox::kUuidHeader) identity.uuid = value;
+Status Relay::DeadLetterRefused(pg::ReplicationStream* stream) {
+  if (!has_refused_.load(std::memory_order_acquire)) return Ok();
+  std::vector<RefusedRecord> batch;
+  {
+    std::lock_guard lock(refused_mu_);
+    batch.swap(refused_);
+    has_refused_.store(false, std::memory_order_relaxed);
   }
-  Error reason{ErrorCode::kPoison, fmt::format("{} (offset unknown: select the row by uuid '{}')",
-                                               d.error->message, identity.uuid)};
-  const outbox::KafkaRecord& record = refused_letters_->Build(
-      reason, identity, config_.table_name.ToString(), tx->final_lsn, d.value, metadata);
-  spdlog::warn("dead-lettering refused record uuid='{}' of transaction {} to {}: {}", identity.uuid,
-               identity.transaction_id, config_.dlq_topic, d.error->message);
-  stats_.dead_lettered.fetch_add(1, std::memory_order_relaxed);
-  // The refused message still holds its pending token, so the transaction
-  // cannot complete between these two calls.
-  tracker_->AddDeadLetter(tx);
-  auto accepted = sink_->Produce(record, tx);
-  while (accepted && *accepted == kafka::Sink::Accepted::kQueueFull) {
-    std::this_thread::sleep_for(milliseconds(1));
-    accepted = sink_->Produce(record, tx);
+  for (RefusedRecord& r : batch) {
+    // The row itself is gone from memory; what identifies it is its uuid
+    // header and its transaction.
+    outbox::RowIdentity identity;
+    identity.offset = -1;
+    identity.uuid = r.uuid;
+    if (!r.tx->row_ranges.empty()) identity.transaction_id = r.tx->row_ranges.front().transaction_id;
+    Error reason{ErrorCode::kPoison,
+                 fmt::format("{} (offset unknown: select the row by uuid '{}')", r.reason, r.uuid)};
+    std::optional<std::string_view> metadata;
+    const outbox::KafkaRecord& record = dead_letters_->Build(
+        reason, identity, config_.table_name.ToString(), r.tx->final_lsn,
+        r.value ? std::optional<std::string_view>(*r.value) : std::nullopt, metadata);
+    spdlog::warn("dead-lettering refused record uuid='{}' of transaction {} to {}: {}", r.uuid,
+                 identity.transaction_id, config_.dlq_topic, r.reason);
+    stats_.dead_lettered.fetch_add(1, std::memory_order_relaxed);
+    tracker_->AddDeadLetter(r.tx);
+    if (auto st = Offer(record, r.tx, stream); !st) {
+      // Neither settled nor confirmable: nothing at or after it moves the slot.
+      tracker_->OnFailed(r.tx, fmt::format("cannot dead-letter refused record uuid='{}': {}",
+                                           r.uuid, st.error().message));
+      return st;
+    }
+    tracker_->OnDelivered(r.tx);  // the refused original is settled by its dead letter
   }
-  if (!accepted) {
-    tracker_->OnFailed(tx, fmt::format("cannot dead-letter refused record uuid='{}': {}",
-                                       identity.uuid, accepted.error().message));
-    return;
-  }
-  tracker_->OnDelivered(tx);  // the refused original is settled by its dead letter
+  return Ok();
 }
 
 void Relay::LogProgress() {
@@ -644,7 +738,11 @@ void Relay::LogProgress() {
 }
 
 int Relay::Shutdown(pg::ReplicationStream* stream, bool failed) {
-  auto deadline = Clock::now() + milliseconds(config_.shutdown_timeout_ms);
+  // The timeout counts from the stop request as the loop first saw it: time
+  // spent finishing (or giving up) the open transaction is part of it.
+  (void)StopGraceOver();
+  auto began = stop_seen_ != Clock::time_point{} ? stop_seen_ : Clock::now();
+  auto deadline = began + milliseconds(config_.shutdown_timeout_ms);
   auto remaining = [&] {
     return std::max(milliseconds(0),
                     std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
@@ -659,6 +757,7 @@ int Relay::Shutdown(pg::ReplicationStream* stream, bool failed) {
     }
     while (!(drained = tracker_->WaitEmpty(milliseconds(200))) && !tracker_->failure() &&
            remaining() > milliseconds(0)) {
+      (void)DeadLetterRefused(stream);
       if (stream != nullptr) {
         if (auto st = SendStatus(*stream, false); !st) stream = nullptr;
       }

@@ -57,10 +57,10 @@ Status DeleteState(pg::Connection& conn, const std::string& slot, const char* ke
   return Ok();
 }
 
-// A session-level advisory lock per slot, held by the instance that creates
-// the slot until its snapshot is stored (released when the session ends, so
-// also when the instance dies).
-Result<bool> TryCreationLock(pg::Connection& conn, const std::string& slot) {
+// A session-level advisory lock per slot, held by the instance that sets the
+// slot up (creation, stored snapshot, backfill) until it is done (released
+// when the session ends, so also when the instance dies).
+Result<bool> TrySetupLock(pg::Connection& conn, const std::string& slot) {
   std::optional<std::string> params[] = {slot};
   auto res = conn.ExecParams(
       "SELECT pg_try_advisory_lock(hashtext('outbox_relay.slot_creation'), hashtext($1))", params);
@@ -75,9 +75,32 @@ Status Relay::SetupSlot(const std::atomic<bool>& stop) {
   if (!conn) return std::unexpected(conn.error());
   auto slot = pg::QuerySlot(*conn, config_.slot);
   if (!slot) return std::unexpected(slot.error());
+  if (slot->exists && !slot->database.empty() && slot->database != conn->database()) {
+    // Slot names are unique per cluster, not per database: waiting for this
+    // one as a standby would wait for ever, publishing nothing.
+    return Fail(ErrorCode::kInvalidArgument,
+                "invalid setting --slot (OUTBOX_SLOT): replication slot {} belongs to database "
+                "{}, not to {}: slot names are shared by all databases of a cluster, so the "
+                "relay of each database needs its own (e.g. --slot outbox_relay_{})",
+                config_.slot, slot->database, conn->database(), conn->database());
+  }
   auto created_before = ReadState(*conn, config_.slot, kCreatedKey);
   if (!created_before) return std::unexpected(created_before.error());
 
+  // One instance at a time sets the slot up: creates it, stores its snapshot
+  // and runs the backfill. A hot standby started together with the active
+  // instance would otherwise run the same backfill beside it (every backlog
+  // row published twice). The lock is a session-level advisory lock on
+  // `conn`: held until this function returns, released too when the
+  // instance dies, so a successor resumes the backfill from the stored
+  // snapshot. Everything below reads the state under the lock.
+  auto locked = TrySetupLock(*conn, config_.slot);
+  if (!locked) return std::unexpected(locked.error());
+  if (!*locked) {
+    return Fail(ErrorCode::kSlotInUse,
+                "slot {} is being set up by another instance (created, or backfilled)",
+                config_.slot);
+  }
   auto creating = ReadState(*conn, config_.slot, kCreatingKey);
   if (!creating) return std::unexpected(creating.error());
 
@@ -86,16 +109,9 @@ Status Relay::SetupSlot(const std::atomic<bool>& stop) {
   // rows committed before it would never be published (the slot does not send
   // them, and there is no snapshot to backfill them from). Such a slot never
   // streamed (streaming starts after setup), so drop it and create it again.
-  // The creator holds an advisory lock until the snapshot is stored: if we
-  // cannot take it, the creator is alive and we are its standby.
+  // We hold the setup lock, so its creator is gone.
   bool unfinished = slot->exists && creating->has_value() && slot->wal_status != "lost";
   if (unfinished) {
-    auto locked = TryCreationLock(*conn, config_.slot);
-    if (!locked) return std::unexpected(locked.error());
-    if (!*locked) {
-      return Fail(ErrorCode::kSlotInUse, "slot {} is being created by another instance",
-                  config_.slot);
-    }
     spdlog::warn(
         "replication slot {} was created by an instance that stopped before it stored the "
         "slot's snapshot: dropping it and creating it again, so that the backfill covers every "
@@ -142,13 +158,6 @@ Status Relay::SetupSlot(const std::atomic<bool>& stop) {
     if (!repl) return std::unexpected(repl.error());
     bool backfill = config_.backfill && config_.mark;
     if (backfill) {
-      // Held on `conn` until it closes (after the snapshot is stored).
-      auto locked = TryCreationLock(*conn, config_.slot);
-      if (!locked) return std::unexpected(locked.error());
-      if (!*locked) {
-        return Fail(ErrorCode::kSlotInUse, "slot {} is being created by another instance",
-                    config_.slot);
-      }
       if (auto st = WriteState(*conn, config_.slot, kCreatingKey, "creating"); !st) return st;
     }
     auto created = pg::CreateSlot(*repl, config_.slot, /*export_snapshot=*/backfill);
@@ -218,8 +227,8 @@ Status Relay::Backfill(pg::Connection& conn, const std::string& snapshot,
   std::string sql = fmt::format(
       "SELECT * FROM {table} WHERE {acked} IS NULL "
       "AND pg_visible_in_snapshot({xid}, $1::pg_snapshot) "
-      "AND ({xid}, {off}) > ($2::xid8, $3::bigint) ORDER BY {xid}, {off} LIMIT 5000",
-      fmt::arg("table", config_.table_name.Quoted()),
+      "AND ({xid}, {off}) > ($2::xid8, $3::bigint) ORDER BY {xid}, {off} LIMIT {limit}",
+      fmt::arg("table", config_.table_name.Quoted()), fmt::arg("limit", config_.backfill_batch),
       fmt::arg("acked", pg::QuoteIdent(config_.acked_column)), fmt::arg("xid", xid),
       fmt::arg("off", off));
   std::optional<std::string> params[] = {snapshot, std::string("0"), std::string("-1")};
@@ -253,12 +262,20 @@ Status Relay::Backfill(pg::Connection& conn, const std::string& snapshot,
         tx_id = row_tx;
         ++transactions;
       }
-      while (tracker_->rows_in_flight() >= config_.max_in_flight && !tracker_->failure()) {
+      while (tracker_->rows_in_flight() >= config_.max_in_flight && !tracker_->failure() &&
+             !stop.load()) {
         stats_.Beat();
+        if (auto st = DeadLetterRefused(nullptr); !st) {
+          tracker_->Commit(tx, kInvalidLsn);  // what it produced is exact (marked by key)
+          return st;
+        }
         tracker_->WaitForProgress(std::chrono::milliseconds(2));
       }
+      if (stop.load()) break;  // resumes from the stored snapshot next time
       if (auto st = MapAndProduce(*columns, tuple, tx, nullptr); !st) {
-        tracker_->Abandon(tx);
+        // The rows produced so far are marked (by key) once Kafka has them;
+        // the rest comes again from the stored snapshot.
+        tracker_->Commit(tx, kInvalidLsn);
         return st;
       }
       ++rows;
@@ -267,7 +284,7 @@ Status Relay::Backfill(pg::Connection& conn, const std::string& snapshot,
     if (tx != nullptr) tracker_->Commit(tx, kInvalidLsn);
     params[1] = std::string(*pg::GetValue(r, n - 1, columns->transaction_id));
     params[2] = std::string(*pg::GetValue(r, n - 1, columns->offset));
-    if (n < 5000) break;
+    if (n < config_.backfill_batch) break;
   }
   // Everything published and marked before the stream starts: the backfilled
   // rows committed before anything the slot will send.
@@ -276,6 +293,7 @@ Status Relay::Backfill(pg::Connection& conn, const std::string& snapshot,
     if (auto failure = tracker_->failure())
       return Fail(ErrorCode::kFatal, "backfill: {}", *failure);
     if (stop.load()) break;
+    if (auto st = DeadLetterRefused(nullptr); !st) return st;
     spdlog::info("backfill: waiting for {} rows in flight", tracker_->rows_in_flight());
   }
   auto secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();

@@ -36,8 +36,9 @@ void Sampler::Loop() {
       "FROM {t}",
       fmt::arg("a", acked), fmt::arg("t", table));
   const std::string lag_sql = fmt::format(
-      "SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)), 0) FROM {t} WHERE {a} IS NULL",
-      fmt::arg("a", acked), fmt::arg("t", table));
+      "SELECT COALESCE(EXTRACT(EPOCH FROM now() - min({c})), 0) FROM {t} WHERE {a} IS NULL",
+      fmt::arg("a", acked), fmt::arg("t", table),
+      fmt::arg("c", pg::QuoteIdent(config_.created_at_column)));
   std::optional<pg::Connection> conn;
   auto next_counts = Clock::now();
   auto next_lag = Clock::now();
@@ -78,7 +79,7 @@ void Sampler::Loop() {
     if (now >= next_lag) {
       // Lag and slot every 10 s, or as often as the row counts when those are more frequent.
       next_lag = now + std::chrono::seconds(std::min<int64_t>(10, config_.row_count_interval_s));
-      if (config_.mark) {
+      if (config_.mark && !config_.created_at_column.empty()) {
         if (auto res = conn->Exec(lag_sql)) {
           metrics_->lag_seconds().Set(std::stod(std::string(*pg::GetValue(res->get(), 0, 0))));
         } else {

@@ -51,6 +51,8 @@ std::string_view ErrorCodeName(ErrorCode code) {
       return "slot_lost";
     case ErrorCode::kPermission:
       return "permission";
+    case ErrorCode::kCancelled:
+      return "cancelled";
     case ErrorCode::kFatal:
       return "fatal";
   }

@@ -3,10 +3,19 @@
 #include <spdlog/spdlog.h>
 
 #include <array>
+#include <charconv>
 
 namespace outbox_relay::kafka {
 
 namespace {
+
+using std::chrono::milliseconds;
+
+// librdkafka's own default batch.size.
+constexpr int64_t kDefaultBatchSize = 1000000;
+// What a record adds to its key, value and headers on the wire: the record's
+// varint lengths and attributes, and the batch header when it is alone.
+constexpr int64_t kRecordOverhead = 128;
 
 // Properties whose values would let a record be lost or reordered.
 Status CheckGuarantee(const std::string& key, const std::string& value) {
@@ -25,6 +34,21 @@ Status CheckGuarantee(const std::string& key, const std::string& value) {
   return Ok();
 }
 
+// librdkafka's reason for refusing a property may quote the value; the value
+// may be a password (sasl.password, ssl.key.password): never repeat it.
+std::string Redact(std::string text, const std::string& value) {
+  if (value.empty()) return text;
+  for (size_t at = text.find(value); at != std::string::npos; at = text.find(value, at + 3)) {
+    text.replace(at, value.size(), "***");
+  }
+  return text;
+}
+
+bool IsSizeRefusal(rd_kafka_resp_err_t err) {
+  return err == RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE ||
+         err == RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE;
+}
+
 bool IsPermanentForRecord(rd_kafka_resp_err_t err) {
   switch (err) {
     case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE:
@@ -39,7 +63,32 @@ bool IsPermanentForRecord(rd_kafka_resp_err_t err) {
   }
 }
 
+// The batch.size of a lane for a topic whose batches may not exceed
+// `max_message_bytes`: librdkafka counts the protocol framing in batch.size.
+int64_t BatchSizeFor(int64_t max_message_bytes) {
+  return std::max<int64_t>(1, max_message_bytes - kRecordOverhead);
+}
+
 }  // namespace
+
+// One librdkafka instance and the thread that serves its delivery reports.
+struct KafkaProducer::Lane {
+  KafkaProducer* owner = nullptr;
+  int64_t batch_size = 0;
+  KafkaHandle rk;
+  std::thread poller;
+  Delivery scratch;  // reused by this lane's poller only
+};
+
+// A topic the loop has produced to. Written by the admin thread until
+// `ready`, read-only afterwards; never erased before the producer is gone.
+struct KafkaProducer::TopicState {
+  bool ready = false;  // guarded by topics_mu_
+  Lane* lane = nullptr;
+  TopicHandle rkt;                           // on `lane`; null: librdkafka refused the name
+  std::string rkt_error;                     // why, when rkt is null
+  std::optional<int64_t> max_message_bytes;  // nullopt: unknown
+};
 
 Result<std::map<std::string, std::string>> ProducerConfig(const ProducerOptions& options) {
   std::map<std::string, std::string> conf = {
@@ -72,130 +121,198 @@ Result<std::unique_ptr<KafkaProducer>> KafkaProducer::Create(const ProducerOptio
                                                              SinkErrorCallback on_error) {
   auto settings = ProducerConfig(options);
   if (!settings) return std::unexpected(settings.error());
-  rd_kafka_conf_t* conf = rd_kafka_conf_new();
-  std::array<char, 512> errstr{};
-  for (const auto& [key, value] : *settings) {
-    if (rd_kafka_conf_set(conf, key.c_str(), value.c_str(), errstr.data(), errstr.size()) !=
-        RD_KAFKA_CONF_OK) {
-      rd_kafka_conf_destroy(conf);
-      return Fail(ErrorCode::kInvalidArgument, "kafka property {}={}: {}", key, value,
-                  errstr.data());
-    }
-  }
   std::unique_ptr<KafkaProducer> p(new KafkaProducer());
   p->on_delivery_ = std::move(on_delivery);
   p->options_ = options;
   p->on_error_ = std::move(on_error);
-  rd_kafka_conf_set_opaque(conf, p.get());
-  rd_kafka_conf_set_dr_msg_cb(conf, &KafkaProducer::OnDeliveryReport);
-  rd_kafka_conf_set_error_cb(conf, &KafkaProducer::OnError);
-  rd_kafka_conf_set_log_cb(conf, &KafkaProducer::OnLog);
-  // On success rd_kafka_new owns conf; on failure we still do.
-  rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr.data(), errstr.size());
-  if (rk == nullptr) {
-    rd_kafka_conf_destroy(conf);
-    return Fail(ErrorCode::kInvalidArgument, "create Kafka producer: {}", errstr.data());
+  p->settings_ = std::move(*settings);
+  p->batch_size_ = kDefaultBatchSize;
+  if (auto it = p->settings_.find("batch.size"); it != p->settings_.end()) {
+    int64_t v = 0;
+    auto [end, ec] = std::from_chars(it->second.data(), it->second.data() + it->second.size(), v);
+    if (ec == std::errc() && end == it->second.data() + it->second.size()) p->batch_size_ = v;
   }
-  p->rk_.reset(rk);
-  p->poller_ = std::thread([raw = p.get()] { raw->PollLoop(); });
+  auto lane = p->LaneWithBatchSize(p->batch_size_);
+  if (!lane) return std::unexpected(lane.error());
+  p->default_lane_ = *lane;
+  p->admin_ = std::thread([raw = p.get()] { raw->AdminLoop(); });
   return p;
 }
 
-KafkaProducer::~KafkaProducer() {
-  stop_.store(true);
-  if (poller_.joinable()) poller_.join();
-  topics_.clear();  // topic handles before the producer
-  rk_.reset();
-}
-
-void KafkaProducer::PollLoop() {
-  while (!stop_.load(std::memory_order_relaxed)) {
-    if (flush_waiters_.load(std::memory_order_relaxed) > 0) {
-      (void)rd_kafka_flush(rk_.get(), 20);  // serves reports here, on this thread
-    } else {
-      rd_kafka_poll(rk_.get(), 20);
+Result<KafkaProducer::Lane*> KafkaProducer::LaneWithBatchSize(int64_t batch_size) {
+  std::lock_guard lock(lanes_mu_);
+  for (const auto& lane : lanes_) {
+    if (lane->batch_size == batch_size) return lane.get();
+  }
+  KafkaConfHandle conf(rd_kafka_conf_new());
+  std::array<char, 512> errstr{};
+  auto set = [&](const std::string& key, const std::string& value) -> Status {
+    if (rd_kafka_conf_set(conf.get(), key.c_str(), value.c_str(), errstr.data(), errstr.size()) !=
+        RD_KAFKA_CONF_OK) {
+      return Fail(ErrorCode::kInvalidArgument, "kafka property {}: {}", key,
+                  Redact(errstr.data(), value));
+    }
+    return Ok();
+  };
+  for (const auto& [key, value] : settings_) {
+    if (auto st = set(key, value); !st) return std::unexpected(st.error());
+  }
+  if (!lanes_.empty()) {
+    if (auto st = set("batch.size", std::to_string(batch_size)); !st) {
+      return std::unexpected(st.error());
     }
   }
-}
-
-rd_kafka_topic_t* KafkaProducer::Topic(std::string_view name) {
-  std::lock_guard lock(topics_mu_);
-  // Heterogeneous lookup needs C++20 transparent hashing; one string copy per
-  // new topic is fine, but a lookup must not allocate: reuse a key buffer.
-  thread_local std::string key;
-  key.assign(name);
-  auto it = topics_.find(key);
-  if (it != topics_.end()) return it->second.get();
-  if (options_.create_topics) CreateTopic(key);
-  rd_kafka_topic_t* rkt = rd_kafka_topic_new(rk_.get(), key.c_str(), nullptr);
-  if (rkt == nullptr) return nullptr;
-  topics_.emplace(key, TopicHandle(rkt));
-  return rkt;
-}
-
-void KafkaProducer::CreateTopic(const std::string& name) {
-  std::array<char, 512> errstr{};
-  rd_kafka_NewTopic_t* topic =
-      rd_kafka_NewTopic_new(name.c_str(), options_.topic_partitions,
-                            options_.topic_replication_factor, errstr.data(), errstr.size());
-  if (topic == nullptr) {
-    spdlog::warn("kafka: cannot create topic {}: {}", name, errstr.data());
-    return;
-  }
-  rd_kafka_queue_t* queue = rd_kafka_queue_new(rk_.get());
-  rd_kafka_AdminOptions_t* opts =
-      rd_kafka_AdminOptions_new(rk_.get(), RD_KAFKA_ADMIN_OP_CREATETOPICS);
-  rd_kafka_AdminOptions_set_operation_timeout(opts, 10000, errstr.data(), errstr.size());
-  rd_kafka_CreateTopics(rk_.get(), &topic, 1, opts, queue);
-  rd_kafka_event_t* ev = rd_kafka_queue_poll(queue, 15000);
-  const rd_kafka_CreateTopics_result_t* result =
-      ev != nullptr ? rd_kafka_event_CreateTopics_result(ev) : nullptr;
-  if (result == nullptr) {
-    spdlog::warn("kafka: creating topic {}: {}", name,
-                 ev != nullptr ? rd_kafka_event_error_string(ev) : "timed out");
-  } else {
-    size_t count = 0;
-    const rd_kafka_topic_result_t** topics = rd_kafka_CreateTopics_result_topics(result, &count);
-    for (size_t i = 0; i < count; ++i) {
-      rd_kafka_resp_err_t err = rd_kafka_topic_result_error(topics[i]);
-      if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
-        spdlog::info("kafka: created topic {} ({} partitions)", name, options_.topic_partitions);
-      } else if (err != RD_KAFKA_RESP_ERR_TOPIC_ALREADY_EXISTS) {
-        spdlog::warn("kafka: creating topic {}: {}", name,
-                     rd_kafka_topic_result_error_string(topics[i]));
+  auto lane = std::make_unique<Lane>();
+  lane->owner = this;
+  lane->batch_size = batch_size;
+  rd_kafka_conf_set_opaque(conf.get(), lane.get());
+  rd_kafka_conf_set_dr_msg_cb(conf.get(), &KafkaProducer::OnDeliveryReport);
+  rd_kafka_conf_set_error_cb(conf.get(), &KafkaProducer::OnError);
+  rd_kafka_conf_set_log_cb(conf.get(), &KafkaProducer::OnLog);
+  // On success rd_kafka_new owns conf; on failure we still do.
+  lane->rk.reset(rd_kafka_new(RD_KAFKA_PRODUCER, conf.get(), errstr.data(), errstr.size()));
+  if (!lane->rk) return Fail(ErrorCode::kInvalidArgument, "create Kafka producer: {}", errstr.data());
+  (void)conf.release();
+  lane->poller = std::thread([this, raw = lane.get()] {
+    while (!stop_.load(std::memory_order_relaxed)) {
+      if (flush_waiters_.load(std::memory_order_relaxed) > 0) {
+        (void)rd_kafka_flush(raw->rk.get(), 20);  // serves reports here, on this thread
+      } else {
+        rd_kafka_poll(raw->rk.get(), 20);
       }
     }
+  });
+  if (!lanes_.empty()) {
+    spdlog::info("kafka: a second producer lane with batch.size {} for topics with a smaller "
+                 "max.message.bytes",
+                 batch_size);
   }
-  if (ev != nullptr) rd_kafka_event_destroy(ev);
-  rd_kafka_AdminOptions_destroy(opts);
-  rd_kafka_queue_destroy(queue);
-  rd_kafka_NewTopic_destroy(topic);
+  lanes_.push_back(std::move(lane));
+  return lanes_.back().get();
+}
+
+KafkaProducer::~KafkaProducer() {
+  {
+    std::lock_guard lock(topics_mu_);
+    stop_.store(true);
+  }
+  prepare_cv_.notify_all();
+  if (admin_.joinable()) admin_.join();
+  for (auto& lane : lanes_) {
+    if (lane->poller.joinable()) lane->poller.join();
+  }
+  // Nothing serves reports any more: drop what is still queued rather than
+  // let rd_kafka_destroy wait for brokers that may be away.
+  for (auto& lane : lanes_) {
+    (void)rd_kafka_purge(lane->rk.get(), RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+  }
+  topics_.clear();  // topic handles before their producers
+  lanes_.clear();
+}
+
+rd_kafka_t* KafkaProducer::handle() const { return default_lane_->rk.get(); }
+
+void KafkaProducer::AdminLoop() {
+  std::unique_lock lock(topics_mu_);
+  while (!stop_.load()) {
+    if (to_prepare_.empty()) {
+      prepare_cv_.wait(lock, [&] { return stop_.load() || !to_prepare_.empty(); });
+      continue;
+    }
+    std::string name = std::move(to_prepare_.front());
+    to_prepare_.pop_front();
+    lock.unlock();
+    PrepareTopic(name);
+    lock.lock();
+  }
+}
+
+void KafkaProducer::PrepareTopic(const std::string& name) {
+  rd_kafka_t* rk = handle();
+  if (options_.create_topics) {
+    auto created = CreateTopic(rk, name, options_.topic_partitions,
+                               options_.topic_replication_factor, options_.admin_timeout, &stop_);
+    if (!created) spdlog::warn("kafka: {}", created.error().message);
+  }
+  auto limit = TopicMaxMessageBytes(rk, name, options_.admin_timeout, &stop_);
+  std::optional<int64_t> max_message_bytes;
+  if (limit) {
+    max_message_bytes = *limit;
+  } else if (!stop_.load()) {
+    // The brokers did not answer (down?) or may not be asked: the records go
+    // out now and wait in librdkafka as any others.
+    spdlog::warn(
+        "kafka: cannot read max.message.bytes of topic {} ({}): its batches use batch.size {}; "
+        "if the topic's limit is lower, the relay stops at the first refused batch",
+        name, limit.error().message, batch_size_);
+  }
+  Lane* lane = default_lane_;
+  if (max_message_bytes && BatchSizeFor(*max_message_bytes) < batch_size_) {
+    auto smaller = LaneWithBatchSize(BatchSizeFor(*max_message_bytes));
+    if (smaller) {
+      lane = *smaller;
+      spdlog::info("kafka: topic {} accepts batches of at most {} bytes: its records go through "
+                   "the lane with batch.size {}",
+                   name, *max_message_bytes, lane->batch_size);
+    } else {
+      spdlog::error("kafka: {}", smaller.error().message);
+    }
+  }
+  TopicHandle rkt(rd_kafka_topic_new(lane->rk.get(), name.c_str(), nullptr));
+  std::string rkt_error = rkt ? "" : rd_kafka_err2str(rd_kafka_last_error());  // this thread's
+  std::lock_guard lock(topics_mu_);
+  TopicState& state = *topics_.at(name);
+  state.lane = lane;
+  state.rkt = std::move(rkt);
+  state.rkt_error = std::move(rkt_error);
+  state.max_message_bytes = max_message_bytes;
+  state.ready = true;
 }
 
 Result<Sink::Accepted> KafkaProducer::Produce(const outbox::KafkaRecord& record, void* opaque) {
-  rd_kafka_topic_t* rkt = Topic(record.topic);
-  if (rkt == nullptr) {
-    return Fail(ErrorCode::kPoison, "cannot use topic '{}': {}", record.topic,
-                rd_kafka_err2str(rd_kafka_last_error()));
+  TopicState* topic = nullptr;
+  {
+    std::lock_guard lock(topics_mu_);
+    // Heterogeneous lookup needs C++20 transparent hashing; a lookup must not
+    // allocate: reuse a key buffer.
+    thread_local std::string key;
+    key.assign(record.topic);
+    auto it = topics_.find(key);
+    if (it == topics_.end()) {
+      topics_.emplace(key, std::make_unique<TopicState>());
+      to_prepare_.push_back(key);
+      prepare_cv_.notify_one();
+      return Accepted::kQueueFull;  // not yet: the admin thread prepares the topic
+    }
+    if (!it->second->ready) return Accepted::kQueueFull;
+    topic = it->second.get();
   }
-  rd_kafka_headers_t* headers = rd_kafka_headers_new(record.headers.size());
+  if (!topic->rkt) {
+    return Fail(ErrorCode::kPoison, "cannot use topic '{}': {}", record.topic, topic->rkt_error);
+  }
+  rd_kafka_t* rk = topic->lane->rk.get();
+  HeadersHandle headers(rd_kafka_headers_new(record.headers.size()));
   for (const auto& [name, value] : record.headers) {
     // A non-null pointer keeps an empty value a 0-length header, not a null one.
     const char* v = value.data() != nullptr ? value.data() : "";
-    rd_kafka_header_add(headers, name.data(), static_cast<ssize_t>(name.size()), v,
+    rd_kafka_header_add(headers.get(), name.data(), static_cast<ssize_t>(name.size()), v,
                         static_cast<ssize_t>(value.size()));
   }
   const void* key = record.key ? record.key->data() : nullptr;
   size_t key_len = record.key ? record.key->size() : 0;
+  if (record.key && key == nullptr) key = "";  // an empty key is a 0-length key, not null
   const void* value = record.value ? record.value->data() : nullptr;
   size_t value_len = record.value ? record.value->size() : 0;
-  rd_kafka_resp_err_t err =
-      rd_kafka_producev(rk_.get(), RD_KAFKA_V_RKT(rkt), RD_KAFKA_V_PARTITION(RD_KAFKA_PARTITION_UA),
-                        RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_KEY(key, key_len),
-                        RD_KAFKA_V_VALUE(const_cast<void*>(value), value_len),
-                        RD_KAFKA_V_HEADERS(headers), RD_KAFKA_V_OPAQUE(opaque), RD_KAFKA_V_END);
-  if (err == RD_KAFKA_RESP_ERR_NO_ERROR) return Accepted::kQueued;  // headers now owned
-  rd_kafka_headers_destroy(headers);
+  if (record.value && value == nullptr) value = "";
+  rd_kafka_resp_err_t err = rd_kafka_producev(
+      rk, RD_KAFKA_V_RKT(topic->rkt.get()), RD_KAFKA_V_PARTITION(RD_KAFKA_PARTITION_UA),
+      RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_KEY(key, key_len),
+      RD_KAFKA_V_VALUE(const_cast<void*>(value), value_len), RD_KAFKA_V_HEADERS(headers.get()),
+      RD_KAFKA_V_OPAQUE(opaque), RD_KAFKA_V_END);
+  if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+    (void)headers.release();  // owned by the message now
+    return Accepted::kQueued;
+  }
   if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL) return Accepted::kQueueFull;
   if (IsPermanentForRecord(err)) {
     return Fail(ErrorCode::kPoison, "Kafka refused the record for topic '{}': {}", record.topic,
@@ -203,7 +320,7 @@ Result<Sink::Accepted> KafkaProducer::Produce(const outbox::KafkaRecord& record,
   }
   if (err == RD_KAFKA_RESP_ERR__FATAL) {
     std::array<char, 512> reason{};
-    rd_kafka_resp_err_t fatal = rd_kafka_fatal_error(rk_.get(), reason.data(), reason.size());
+    rd_kafka_resp_err_t fatal = rd_kafka_fatal_error(rk, reason.data(), reason.size());
     return Fail(ErrorCode::kFatal, "Kafka producer fatal error: {}: {}", rd_kafka_err2name(fatal),
                 reason.data());
   }
@@ -211,22 +328,28 @@ Result<Sink::Accepted> KafkaProducer::Produce(const outbox::KafkaRecord& record,
 }
 
 void KafkaProducer::InjectFatalErrorForTest() {
-  rd_kafka_test_fatal_error(rk_.get(), RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
+  rd_kafka_test_fatal_error(handle(), RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
                             "injected by OUTBOX_TEST_FAULT");
 }
 
 Status KafkaProducer::Flush(std::chrono::milliseconds timeout) {
   // Not rd_kafka_flush here: it would serve delivery reports on this thread
-  // while the poller serves others on its own. The poller flushes instead.
+  // while the pollers serve others on their own. The pollers flush instead.
   auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto queued = [&] {
+    std::lock_guard lock(lanes_mu_);
+    int n = 0;
+    for (const auto& lane : lanes_) n += rd_kafka_outq_len(lane->rk.get());
+    return n;
+  };
   flush_waiters_.fetch_add(1);
-  while (rd_kafka_outq_len(rk_.get()) > 0 && std::chrono::steady_clock::now() < deadline) {
+  while (queued() > 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   flush_waiters_.fetch_sub(1);
-  if (rd_kafka_outq_len(rk_.get()) > 0) {
-    return Fail(ErrorCode::kTransient, "Kafka flush: {} records still in flight after {} ms",
-                rd_kafka_outq_len(rk_.get()), timeout.count());
+  if (int n = queued(); n > 0) {
+    return Fail(ErrorCode::kTransient, "Kafka flush: {} records still in flight after {} ms", n,
+                timeout.count());
   }
   return Ok();
 }
@@ -236,18 +359,23 @@ bool KafkaProducer::Reachable() const { return !brokers_down_.load(std::memory_o
 Status KafkaProducer::CheckConnection(std::chrono::milliseconds timeout) {
   const rd_kafka_metadata_t* md = nullptr;
   rd_kafka_resp_err_t err =
-      rd_kafka_metadata(rk_.get(), 0, nullptr, &md, static_cast<int>(timeout.count()));
+      rd_kafka_metadata(handle(), 0, nullptr, &md, static_cast<int>(timeout.count()));
   if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
     return Fail(ErrorCode::kTransient, "Kafka metadata request: {}", rd_kafka_err2str(err));
   }
-  rd_kafka_metadata_destroy(md);
+  MetadataHandle owned(md);
   brokers_down_.store(false);
   return Ok();
 }
 
-void KafkaProducer::OnDeliveryReport(rd_kafka_t* rk, const rd_kafka_message_t* msg, void* opaque) {
-  auto* self = static_cast<KafkaProducer*>(opaque);
-  Delivery& d = self->scratch_;
+void KafkaProducer::OnDeliveryReport(rd_kafka_t*, const rd_kafka_message_t* msg, void* opaque) {
+  auto* lane = static_cast<Lane*>(opaque);
+  lane->owner->Report(*lane, msg);
+}
+
+void KafkaProducer::Report(Lane& lane, const rd_kafka_message_t* msg) {
+  rd_kafka_t* rk = lane.rk.get();
+  Delivery& d = lane.scratch;
   d.opaque = msg->_private;
   d.error.reset();
   d.topic = rd_kafka_topic_name(msg->rkt);
@@ -269,46 +397,72 @@ void KafkaProducer::OnDeliveryReport(rd_kafka_t* rk, const rd_kafka_message_t* m
     }
   }
   if (msg->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
-    self->brokers_down_.store(false, std::memory_order_relaxed);
-  } else {
-    // Content only matters when the record has to be dead-lettered.
-    if (msg->key) d.key = std::string_view(static_cast<const char*>(msg->key), msg->key_len);
-    if (msg->payload) {
-      d.value = std::string_view(static_cast<const char*>(msg->payload), msg->len);
-    }
-    rd_kafka_headers_t* hdrs = nullptr;
-    if (rd_kafka_message_headers(msg, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR) {
-      const char* name = nullptr;
-      const void* value = nullptr;
-      size_t size = 0;
-      for (size_t i = 0;
-           rd_kafka_header_get_all(hdrs, i, &name, &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR;
-           ++i) {
-        d.headers.emplace_back(name, std::string_view(static_cast<const char*>(value), size));
-        d.size_bytes += std::string_view(name).size() + size;
-      }
-    }
-    if (IsPermanentForRecord(msg->err)) {
-      d.error = Error{ErrorCode::kPoison, fmt::format("Kafka refused the record for topic '{}': {}",
-                                                      d.topic, rd_kafka_err2str(msg->err))};
-    } else if (msg->err == RD_KAFKA_RESP_ERR__FATAL ||
-               rd_kafka_fatal_error(rk, nullptr, 0) != RD_KAFKA_RESP_ERR_NO_ERROR) {
-      // After a fatal error the messages still queued come back as "purged";
-      // the fatal error is the reason worth reporting.
-      std::array<char, 512> reason{};
-      rd_kafka_resp_err_t fatal = rd_kafka_fatal_error(rk, reason.data(), reason.size());
-      d.error = Error{ErrorCode::kFatal, fmt::format("Kafka producer fatal error: {}: {}",
-                                                     rd_kafka_err2name(fatal), reason.data())};
-    } else {
-      d.error = Error{ErrorCode::kFatal, fmt::format("delivery to '{}' failed: {}", d.topic,
-                                                     rd_kafka_err2str(msg->err))};
+    brokers_down_.store(false, std::memory_order_relaxed);
+    on_delivery_(d);
+    return;
+  }
+  // Content only matters when the record has to be dead-lettered.
+  if (msg->key) d.key = std::string_view(static_cast<const char*>(msg->key), msg->key_len);
+  if (msg->payload) d.value = std::string_view(static_cast<const char*>(msg->payload), msg->len);
+  if (all != nullptr) {
+    const char* name = nullptr;
+    const void* value = nullptr;
+    size_t size = 0;
+    for (size_t i = 0;
+         rd_kafka_header_get_all(all, i, &name, &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR; ++i) {
+      d.headers.emplace_back(name, std::string_view(static_cast<const char*>(value), size));
+      d.size_bytes += std::string_view(name).size() + size;
     }
   }
-  self->on_delivery_(d);
+  if (IsSizeRefusal(msg->err)) {
+    // The broker judged a whole batch. The record alone was refused only if
+    // it was batched alone (as large as batch.size) or the lane's batches fit
+    // the topic's limit.
+    std::optional<int64_t> limit;
+    {
+      std::lock_guard lock(topics_mu_);
+      thread_local std::string key;
+      key.assign(d.topic);
+      if (auto it = topics_.find(key); it != topics_.end()) limit = it->second->max_message_bytes;
+    }
+    int64_t record = static_cast<int64_t>(d.size_bytes) + kRecordOverhead;
+    bool alone = record >= lane.batch_size;
+    bool batches_fit = limit && lane.batch_size <= *limit;
+    if (!alone && !batches_fit && !(limit && record > *limit)) {
+      d.error = Error{
+          ErrorCode::kFatal,
+          fmt::format(
+              "Kafka refused a batch for topic '{}' as too large ({}), and not for one record: "
+              "the topic's max.message.bytes ({}) is below the producer's batch.size ({}). "
+              "Nothing was dead-lettered and nothing past it is confirmed. Let the relay's user "
+              "describe the topic's configuration (then it sizes batches itself), or set "
+              "--kafka-property batch.size=<below the topic's max.message.bytes>",
+              d.topic, rd_kafka_err2str(msg->err),
+              limit ? std::to_string(*limit) : std::string("unknown"), lane.batch_size)};
+      on_delivery_(d);
+      return;
+    }
+  }
+  if (IsPermanentForRecord(msg->err)) {
+    d.error = Error{ErrorCode::kPoison, fmt::format("Kafka refused the record for topic '{}': {}",
+                                                    d.topic, rd_kafka_err2str(msg->err))};
+  } else if (msg->err == RD_KAFKA_RESP_ERR__FATAL ||
+             rd_kafka_fatal_error(rk, nullptr, 0) != RD_KAFKA_RESP_ERR_NO_ERROR) {
+    // After a fatal error the messages still queued come back as "purged";
+    // the fatal error is the reason worth reporting.
+    std::array<char, 512> reason{};
+    rd_kafka_resp_err_t fatal = rd_kafka_fatal_error(rk, reason.data(), reason.size());
+    d.error = Error{ErrorCode::kFatal, fmt::format("Kafka producer fatal error: {}: {}",
+                                                   rd_kafka_err2name(fatal), reason.data())};
+  } else {
+    d.error = Error{ErrorCode::kFatal, fmt::format("delivery to '{}' failed: {}", d.topic,
+                                                   rd_kafka_err2str(msg->err))};
+  }
+  on_delivery_(d);
 }
 
 void KafkaProducer::OnError(rd_kafka_t* rk, int err, const char* reason, void* opaque) {
-  auto* self = static_cast<KafkaProducer*>(opaque);
+  auto* self = static_cast<Lane*>(opaque)->owner;
   auto code = static_cast<rd_kafka_resp_err_t>(err);
   if (code == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN) self->brokers_down_.store(true);
   if (self->on_error_) {

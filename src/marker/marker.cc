@@ -29,18 +29,21 @@ std::string Marker::MarkSql(const MarkerOptions& o) {
   // the transactions visible in this statement's snapshot are marked and
   // indexed; the others come back in the last column and are retried.
   return fmt::format(
-      "WITH batch AS (SELECT x FROM unnest($1::xid8[]) AS x"
+      "WITH runs AS (SELECT * FROM unnest($1::xid8[], $2::bigint[], $3::bigint[])"
+      " AS r(x, first, last)"
+      "), batch AS (SELECT DISTINCT x FROM runs"
       "), visible AS ("
       " SELECT x FROM batch WHERE pg_visible_in_snapshot(x, pg_current_snapshot())"
       "), marked AS ("
-      " UPDATE {table} SET {acked} = {offset}"
-      " WHERE {xid} = ANY(ARRAY(SELECT x FROM visible)) AND {acked} IS NULL RETURNING 1"
+      " UPDATE {table} o SET {acked} = o.{offset} FROM runs r"
+      " WHERE o.{xid} = r.x AND o.{offset} BETWEEN r.first AND r.last AND o.{acked} IS NULL"
+      " AND r.x IN (SELECT x FROM visible) RETURNING 1"
       "), indexed AS ("
       " INSERT INTO outbox_relay.commits"
       " (slot_name, commit_lsn, end_lsn, transaction_ids, commit_time, row_count)"
-      " SELECT $2, c.commit_lsn, c.end_lsn, c.xids::xid8[],"
+      " SELECT $4, c.commit_lsn, c.end_lsn, c.xids::xid8[],"
       " timestamptz '2000-01-01 00:00:00+00' + c.micros * interval '1 microsecond', c.row_count"
-      " FROM unnest($3::pg_lsn[], $4::pg_lsn[], $5::text[], $6::bigint[], $7::int[])"
+      " FROM unnest($5::pg_lsn[], $6::pg_lsn[], $7::text[], $8::bigint[], $9::int[])"
       " AS c(commit_lsn, end_lsn, xids, micros, row_count)"
       " WHERE c.commit_lsn <> '0/0'::pg_lsn"  // backfilled rows have no commit LSN
       " AND NOT EXISTS (SELECT 1 FROM unnest(c.xids::xid8[]) AS y"
@@ -59,7 +62,7 @@ Status Marker::Connect() {
                                    "outbox-relay-marker");
   if (!conn) return std::unexpected(conn.error());
   std::string sql = MarkSql(options_);
-  pg::ResultHandle res(PQprepare(conn->get(), kStatementName, sql.c_str(), 7, nullptr));
+  pg::ResultHandle res(PQprepare(conn->get(), kStatementName, sql.c_str(), 9, nullptr));
   if (!res || PQresultStatus(res.get()) != PGRES_COMMAND_OK) {
     return std::unexpected(pg::ErrorFromResult(res.get(), conn->get(), "prepare marking"));
   }
@@ -152,38 +155,43 @@ Status Marker::MarkBatch(const std::vector<tracking::Transaction*>& batch,
                          std::vector<tracking::Transaction*>* marked,
                          std::vector<tracking::Transaction*>* not_visible) {
   // Array literals in text form: {1,2,3}; transaction_ids per commit as {a,b}.
-  xids_.assign("{");
-  commit_lsns_.assign("{");
-  end_lsns_.assign("{");
-  tx_xids_.assign("{");
-  times_.assign("{");
-  counts_.assign("{");
-  bool first_xid = true;
+  for (std::string* s : {&run_xids_, &run_firsts_, &run_lasts_, &commit_lsns_, &end_lsns_,
+                         &tx_xids_, &times_, &counts_}) {
+    s->clear();
+    s->push_back('{');
+  }
+  auto out = [](std::string& s) { return std::back_inserter(s); };
+  bool first_run = true;
   for (size_t i = 0; i < batch.size(); ++i) {
     const tracking::Transaction* tx = batch[i];
     const char* sep = i == 0 ? "" : ",";
-    fmt::format_to(std::back_inserter(commit_lsns_), "{}{}", sep, tx->final_lsn);
-    fmt::format_to(std::back_inserter(end_lsns_), "{}{}", sep, tx->end_lsn);
-    fmt::format_to(std::back_inserter(times_), "{}{}", sep, tx->commit_time.micros);
-    fmt::format_to(std::back_inserter(counts_), "{}{}", sep, tx->rows);
+    fmt::format_to(out(commit_lsns_), "{}{}", sep, tx->final_lsn);
+    fmt::format_to(out(end_lsns_), "{}{}", sep, tx->end_lsn);
+    fmt::format_to(out(times_), "{}{}", sep, tx->commit_time.micros);
+    fmt::format_to(out(counts_), "{}{}", sep, tx->rows);
+    for (const tracking::RowRange& run : tx->row_ranges) {
+      const char* rsep = first_run ? "" : ",";
+      fmt::format_to(out(run_xids_), "{}{}", rsep, run.transaction_id);
+      fmt::format_to(out(run_firsts_), "{}{}", rsep, run.first);
+      fmt::format_to(out(run_lasts_), "{}{}", rsep, run.last);
+      first_run = false;
+    }
     tx_xids_.append(sep).append("\"{");
-    for (size_t j = 0; j < tx->transaction_ids.size(); ++j) {
-      fmt::format_to(std::back_inserter(tx_xids_), "{}{}", j == 0 ? "" : ",",
-                     tx->transaction_ids[j]);
-      fmt::format_to(std::back_inserter(xids_), "{}{}", first_xid ? "" : ",",
-                     tx->transaction_ids[j]);
-      first_xid = false;
+    std::vector<uint64_t> ids = tracking::AckTracker::TransactionIds(*tx);
+    for (size_t j = 0; j < ids.size(); ++j) {
+      fmt::format_to(out(tx_xids_), "{}{}", j == 0 ? "" : ",", ids[j]);
     }
     tx_xids_.append("}\"");
   }
-  for (std::string* s : {&xids_, &commit_lsns_, &end_lsns_, &tx_xids_, &times_, &counts_}) {
+  for (std::string* s : {&run_xids_, &run_firsts_, &run_lasts_, &commit_lsns_, &end_lsns_,
+                         &tx_xids_, &times_, &counts_}) {
     s->push_back('}');
   }
-  const char* values[7] = {xids_.c_str(),     options_.slot_name.c_str(), commit_lsns_.c_str(),
-                           end_lsns_.c_str(), tx_xids_.c_str(),           times_.c_str(),
-                           counts_.c_str()};
+  const char* values[9] = {run_xids_.c_str(),   run_firsts_.c_str(), run_lasts_.c_str(),
+                           options_.slot_name.c_str(), commit_lsns_.c_str(), end_lsns_.c_str(),
+                           tx_xids_.c_str(),    times_.c_str(),      counts_.c_str()};
   pg::ResultHandle res(
-      PQexecPrepared(conn_->get(), kStatementName, 7, values, nullptr, nullptr, 0));
+      PQexecPrepared(conn_->get(), kStatementName, 9, values, nullptr, nullptr, 0));
   if (!res || PQresultStatus(res.get()) != PGRES_TUPLES_OK) {
     return std::unexpected(pg::ErrorFromResult(res.get(), conn_->get(), "mark delivered rows"));
   }
@@ -201,9 +209,10 @@ Status Marker::MarkBatch(const std::vector<tracking::Transaction*>& batch,
     pos = end + 1;
   }
   for (tracking::Transaction* tx : batch) {
-    bool visible =
-        std::none_of(tx->transaction_ids.begin(), tx->transaction_ids.end(), [&](uint64_t id) {
-          return std::find(invisible_.begin(), invisible_.end(), id) != invisible_.end();
+    bool visible = std::none_of(
+        tx->row_ranges.begin(), tx->row_ranges.end(), [&](const tracking::RowRange& run) {
+          return std::find(invisible_.begin(), invisible_.end(), run.transaction_id) !=
+                 invisible_.end();
         });
     (visible ? marked : not_visible)->push_back(tx);
   }

@@ -60,8 +60,13 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string& address
   mg_init_library(0);
   // civetweb wants "host:port" as listening_ports; 0.0.0.0 means all IPv4.
   std::string ports = address;
-  const char* options[] = {"listening_ports",    ports.c_str(), "num_threads", "2",
-                           "request_timeout_ms", "5000",        nullptr};
+  // Each connection holds a worker thread until its request arrives or
+  // request_timeout_ms passes: with 2 workers, two idle connections (a port
+  // scan, a half-open load-balancer check) starved /healthz and a liveness
+  // probe restarted the pod. 16 workers, and idle connections let go of
+  // theirs within 2 s, keep the probes answered.
+  const char* options[] = {"listening_ports",    ports.c_str(), "num_threads", "16",
+                           "request_timeout_ms", "2000",        nullptr};
   mg_callbacks callbacks{};
   server->ctx_ = mg_start(&callbacks, nullptr, options);
   if (server->ctx_ == nullptr) {

@@ -2,7 +2,8 @@
 // pipeline produced for it (DESIGN §4).
 //
 //   topic   = TopicTemplate over the metadata
-//   key     = metadata[key_field] when present and non-empty, else null
+//   key     = metadata[key_field] when non-empty, else metadata[partition_key],
+//             else "" (the Go pipeline's partitioning marshaler); null when no key_field
 //   value   = payload column text verbatim, SQL NULL -> null
 //   headers = _watermill_message_uuid: uuid column
 //             every metadata entry, sorted by key (partition_key = key when
@@ -79,6 +80,50 @@ Result<int64_t> ParseInt64(std::string_view text) {
   return v;
 }
 
+Status DecodeByteaText(std::string_view text, std::string* out) {
+  out->clear();
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  if (text.starts_with("\\x")) {
+    if (text.size() % 2 != 0) {
+      return Fail(ErrorCode::kPoison, "bytea payload: odd number of hex digits");
+    }
+    out->reserve((text.size() - 2) / 2);
+    for (size_t i = 2; i < text.size(); i += 2) {
+      int hi = nibble(text[i]);
+      int lo = nibble(text[i + 1]);
+      if (hi < 0 || lo < 0) {
+        return Fail(ErrorCode::kPoison, "bytea payload: bad hex digit at byte {}", i);
+      }
+      out->push_back(static_cast<char>((hi << 4) | lo));
+    }
+    return Ok();
+  }
+  // bytea_output = escape: \\ is a backslash, \nnn an octal byte, the rest verbatim.
+  out->reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '\\') {
+      out->push_back(text[i]);
+    } else if (i + 1 < text.size() && text[i + 1] == '\\') {
+      out->push_back('\\');
+      ++i;
+    } else if (i + 3 < text.size() && text[i + 1] >= '0' && text[i + 1] <= '3' &&
+               text[i + 2] >= '0' && text[i + 2] <= '7' && text[i + 3] >= '0' &&
+               text[i + 3] <= '7') {
+      out->push_back(static_cast<char>(((text[i + 1] - '0') << 6) | ((text[i + 2] - '0') << 3) |
+                                       (text[i + 3] - '0')));
+      i += 3;
+    } else {
+      return Fail(ErrorCode::kPoison, "bytea payload: bad escape at byte {}", i);
+    }
+  }
+  return Ok();
+}
+
 Result<ColumnMap> ColumnMap::Resolve(const pgoutput::Relation& relation, const ColumnNames& names) {
   ColumnMap map;
   std::string missing;
@@ -94,7 +139,12 @@ Result<ColumnMap> ColumnMap::Resolve(const pgoutput::Relation& relation, const C
   find(names.metadata, &map.metadata);
   find(names.transaction_id, &map.transaction_id);
   find(names.offset, &map.offset);
-  if (missing.empty()) return map;
+  if (missing.empty()) {
+    constexpr pgoutput::Oid kByteaOid = 17;
+    map.payload_is_bytea =
+        relation.columns[static_cast<size_t>(map.payload)].type_oid == kByteaOid;
+    return map;
+  }
 
   std::string existing;
   for (const pgoutput::RelationColumn& column : relation.columns) {
@@ -176,10 +226,17 @@ Result<Mapped> RecordMapper::Map(const ColumnMap& columns, const pgoutput::Tuple
     return mapped;
   }
 
+  // The Go pipeline's partitioning marshaler keys by the metadata's
+  // partition_key, which the seed's middleware sets to Aggregate-Id when
+  // that is non-empty; absent, it is the empty key (hashed: one fixed
+  // partition), not a null one. No key field: a null key, as watermill-kafka's
+  // DefaultMarshaler.
   std::optional<std::string_view> key;
+  bool key_from_field = false;
   if (!options_.key_field.empty()) {
     key = metadata_.Get(options_.key_field);
-    if (key && key->empty()) key.reset();
+    key_from_field = key && !key->empty();
+    if (!key_from_field) key = metadata_.Get(kPartitionKeyHeader).value_or(std::string_view(""));
   }
   record_.topic = topic_;
   record_.key = key;
@@ -187,6 +244,13 @@ Result<Mapped> RecordMapper::Map(const ColumnMap& columns, const pgoutput::Tuple
   record_.value = payload.kind == TupleValue::Kind::kText
                       ? std::optional<std::string_view>(payload.text)
                       : std::nullopt;
+  if (record_.value && columns.payload_is_bytea) {
+    if (auto st = DecodeByteaText(*record_.value, &payload_bytes_); !st) {
+      mapped.poison = std::move(st.error());
+      return mapped;
+    }
+    record_.value = payload_bytes_;
+  }
   record_.event_type = metadata_.Get(kEventTypeKey).value_or(std::string_view());
 
   // partition_key = key is merged into the sorted headers here, replacing one
@@ -195,7 +259,7 @@ Result<Mapped> RecordMapper::Map(const ColumnMap& columns, const pgoutput::Tuple
   auto& headers = record_.headers;
   headers.clear();
   headers.emplace_back(kUuidHeader, uuid.text);
-  bool partition_key_pending = key.has_value() && options_.partition_key_header;
+  bool partition_key_pending = key_from_field && options_.partition_key_header;
   for (const auto& entry : metadata_.entries()) {
     if (partition_key_pending && !KeyLess(entry.first, kPartitionKeyHeader)) {
       headers.emplace_back(kPartitionKeyHeader, *key);

@@ -18,10 +18,28 @@ Result<std::string> ParseIdentPart(std::string_view part, std::string_view whole
     }
     std::string out;
     for (size_t i = 1; i + 1 < part.size(); ++i) {
+      if (part[i] == '"') {
+        // Inside quotes a quote is written twice; a single one ends the
+        // identifier, so anything after it (the `b"` of `"a"b"`) is garbage.
+        if (i + 2 >= part.size() || part[i + 1] != '"') {
+          return Fail(ErrorCode::kInvalidArgument,
+                      "invalid table name '{}': a quote inside a quoted name must be doubled "
+                      "(\"\")",
+                      whole);
+        }
+        ++i;
+      }
       out.push_back(part[i]);
-      if (part[i] == '"') ++i;  // "" inside quotes is one "
+    }
+    if (out.empty()) {
+      return Fail(ErrorCode::kInvalidArgument, "invalid table name '{}': empty quoted name", whole);
     }
     return out;
+  }
+  if (part.find('"') != std::string_view::npos) {
+    return Fail(ErrorCode::kInvalidArgument,
+                "invalid table name '{}': a quote in an unquoted name (quote the whole part)",
+                whole);
   }
   std::string out(part);
   for (char& c : out) {

@@ -72,28 +72,6 @@ Result<CreatedSlot> CreateSlot(Connection& replication_conn, std::string_view sl
   return out;
 }
 
-Status EnsurePublication(Connection& conn, std::string_view publication,
-                         const QualifiedName& table) {
-  std::optional<std::string> params[] = {std::string(publication)};
-  auto res = conn.ExecParams("SELECT 1 FROM pg_publication WHERE pubname = $1", params);
-  if (!res) return std::unexpected(res.error());
-  if (PQntuples(res->get()) > 0) return Ok();
-  std::string sql = fmt::format("CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')",
-                                QuoteIdent(publication), table.Quoted());
-  auto created = conn.Exec(sql);
-  if (!created) {
-    Error e = created.error();
-    if (e.code == ErrorCode::kPermission) {
-      e.message += fmt::format(
-          "\nThe relay's role may not create the publication. Run as the table owner or a "
-          "superuser:\n  {};",
-          sql);
-    }
-    return std::unexpected(std::move(e));
-  }
-  return Ok();
-}
-
 Result<ReplicationStream> ReplicationStream::Start(Connection conn, std::string_view slot,
                                                    std::string_view publication, Lsn start) {
   // publication_names is a list of identifiers inside a string literal.

@@ -37,11 +37,27 @@ void AckTracker::CancelMessage(Transaction* tx) {
   Release(tx, 1);  // never the last token: the transaction is still open
 }
 
-void AckTracker::NoteTransactionId(Transaction* tx, uint64_t xid8) {
-  auto& ids = tx->transaction_ids;
+void AckTracker::NoteRow(Transaction* tx, uint64_t xid8, int64_t offset) {
+  auto& runs = tx->row_ranges;
+  // Rows of one writer arrive with consecutive offsets (one sequence, one
+  // session): almost always this extends the last run.
+  if (!runs.empty() && runs.back().transaction_id == xid8 && runs.back().last + 1 == offset) {
+    runs.back().last = offset;
+    return;
+  }
+  runs.push_back(RowRange{xid8, offset, offset});
+}
+
+std::vector<uint64_t> AckTracker::TransactionIds(const Transaction& tx) {
+  std::vector<uint64_t> ids;
   // Almost always one value per transaction; a linear scan beats a set.
-  if (!ids.empty() && ids.back() == xid8) return;
-  if (std::find(ids.begin(), ids.end(), xid8) == ids.end()) ids.push_back(xid8);
+  for (const RowRange& run : tx.row_ranges) {
+    if (!ids.empty() && ids.back() == run.transaction_id) continue;
+    if (std::find(ids.begin(), ids.end(), run.transaction_id) == ids.end()) {
+      ids.push_back(run.transaction_id);
+    }
+  }
+  return ids;
 }
 
 void AckTracker::Commit(Transaction* tx, Lsn end_lsn) {
@@ -78,7 +94,7 @@ void AckTracker::OnFailed(Transaction* tx, std::string reason) {
 
 void AckTracker::Release(Transaction* tx, int64_t count) {
   // acq_rel: the thread that completes the transaction sees every write made
-  // before any release (end_lsn, rows, transaction_ids).
+  // before any release (end_lsn, rows, row_ranges).
   if (tx->pending.fetch_sub(count, std::memory_order_acq_rel) == count) Complete(tx);
 }
 
@@ -86,8 +102,13 @@ void AckTracker::Complete(Transaction* tx) {
   std::lock_guard lock(mu_);
   tx->delivered = true;
 
-  if (tx->abandoned || !marking_) {
-    tx->marked = true;  // nothing to mark: abandoned rows come again with the re-sent transaction
+  if (tx->abandoned || !marking_ || tx->rows == 0) {
+    // Nothing to mark: abandoned rows come again with the re-sent
+    // transaction; a transaction without outbox rows (another table's, or an
+    // empty one that PostgreSQL 14 still sends) has no row and needs no entry
+    // in the commit index — whose own INSERT would come back as one more such
+    // transaction, for ever.
+    tx->marked = true;
   } else {
     to_mark_.push_back(tx);
     ++awaiting_mark_;

@@ -142,7 +142,8 @@ std::string GoJsonObject(const std::map<std::string, std::string>& m) {
 std::vector<KafkaHeader> ExpectedHeaders(const std::string& uuid,
                                          const std::map<std::string, std::string>& metadata) {
   std::map<std::string, std::string> sorted = metadata;  // std::map orders by bytes
-  if (auto it = metadata.find("Aggregate-Id"); it != metadata.end()) {
+  // The seed's middleware: partition_key = Aggregate-Id when that is non-empty.
+  if (auto it = metadata.find("Aggregate-Id"); it != metadata.end() && !it->second.empty()) {
     sorted["partition_key"] = it->second;
   }
   std::vector<KafkaHeader> out;

@@ -34,6 +34,7 @@ struct RelayConfig {
   outbox::MapperOptions mapper;
   outbox::ColumnNames columns;
   std::string acked_column = "offset_acked";
+  std::string created_at_column = "created_at";  // "" = no outbox_forwarder_lag_seconds
   bool mark = true;
   std::vector<std::string> kafka_properties;  // "key=value"
   std::string sink = "kafka";                 // kafka | null (benchmarks)
@@ -46,6 +47,7 @@ struct RelayConfig {
   int64_t dlq_max_bytes = 1000000;
   std::string on_slot_lost = "reconcile";  // reconcile | fail
   bool backfill = true;                    // publish unacked rows older than a newly created slot
+  int64_t backfill_batch = 5000;           // rows per backfill query
   bool create_topics = false;
   int64_t topic_partitions = 3;
   int64_t topic_replication_factor = -1;  // -1: the broker's default

@@ -46,6 +46,18 @@ class Relay {
   const RelayStats& stats() const { return stats_; }
 
  private:
+  // A record the broker refused for good after the producer had taken it
+  // (e.g. larger than the topic's max.message.bytes). Reported on the
+  // producer's poller thread, dead-lettered on the loop thread: the poller is
+  // the only thread that frees producer queue space, so it must never wait
+  // for some. The refused message keeps its pending token until then.
+  struct RefusedRecord {
+    tracking::Transaction* tx = nullptr;
+    std::string uuid;
+    std::optional<std::string> value;
+    std::string reason;
+  };
+
   Status Prepare();
   // Publication, slot (created, or recreated when lost) and the snapshot
   // backfill a new slot needs. Runs at start and after a slot loss.
@@ -55,7 +67,13 @@ class Relay {
   Status HandleXLogData(std::string_view data, pg::ReplicationStream& stream);
   Status HandleInsert(const pgoutput::Insert& insert, pg::ReplicationStream& stream);
   Status HandleRelation(const pgoutput::Relation& relation);
-  // `stream` may be null (backfill): then there is no walsender to keep content.
+  // Offers `record` to the sink until it is taken (waiting while its queue
+  // is full, talking to the walsender meanwhile); no tracker accounting.
+  // `stream` may be null (backfill, shutdown): then there is no walsender to
+  // keep content.
+  Status Offer(const outbox::KafkaRecord& record, tracking::Transaction* tx,
+               pg::ReplicationStream* stream);
+  // Offer plus the tracker's count of one more message of `tx`.
   Status Produce(const outbox::KafkaRecord& record, tracking::Transaction* tx,
                  pg::ReplicationStream* stream);
   Status MapAndProduce(const outbox::ColumnMap& columns, const pgoutput::TupleData& row,
@@ -63,9 +81,13 @@ class Relay {
   Status DeadLetter(const Error& reason, const outbox::RowIdentity& identity,
                     const outbox::ColumnMap& columns, const pgoutput::TupleData& row,
                     tracking::Transaction* tx, pg::ReplicationStream* stream);
+  // Loop thread: dead-letters the records the poller handed over.
+  Status DeadLetterRefused(pg::ReplicationStream* stream);
   Status SendStatus(pg::ReplicationStream& stream, bool force);
-  void DeadLetterRefused(const kafka::Delivery& delivery, tracking::Transaction* tx);
   void OnDelivery(const kafka::Delivery& delivery);
+  // A stop was asked for long enough ago that an open transaction is given
+  // up rather than read to its end (half the shutdown timeout).
+  bool StopGraceOver();
   int Shutdown(pg::ReplicationStream* stream, bool failed);
   bool Backpressured() const;
   Status StartHttp();
@@ -74,28 +96,35 @@ class Relay {
   metrics::Health Readyz() const;
   void LogProgress();
 
+  // Ownership: the loop thread (the one in Run) owns everything below unless
+  // a comment says otherwise. The Kafka poller threads call OnDelivery; the
+  // marker thread and the poller threads use `tracker_` (thread-safe, made
+  // once, never replaced); the HTTP threads read `stats_`, `metrics_`,
+  // `counted_` and `tracker_` only.
   RelayConfig config_;
-  RelayStats stats_;
-  metrics::Metrics metrics_;
-  std::unique_ptr<metrics::HttpServer> http_;
+  RelayStats stats_;  // atomics: any thread
+  metrics::Metrics metrics_;  // thread-safe
   std::unique_ptr<Sampler> sampler_;
-  std::mutex refresh_mu_;
-  RelayStats counted_;  // what RefreshMetrics already added to the counters
-  std::unique_ptr<tracking::AckTracker> tracker_;
+  std::mutex refresh_mu_;  // RefreshMetrics (HTTP threads)
+  RelayStats counted_;     // what RefreshMetrics already added to the counters
+  const std::unique_ptr<tracking::AckTracker> tracker_;
   std::unique_ptr<kafka::Sink> sink_;
   std::unique_ptr<marker::Marker> marker_;
   std::optional<outbox::RecordMapper> mapper_;
   std::optional<outbox::DeadLetterBuilder> dead_letters_;
-  std::optional<outbox::DeadLetterBuilder> refused_letters_;  // delivery thread only
+  std::mutex refused_mu_;  // poller threads push, the loop thread takes
+  std::vector<RefusedRecord> refused_;
+  std::atomic<bool> has_refused_{false};
   bool need_slot_setup_ = true;
   const std::atomic<bool>* stop_ = nullptr;  // Run's stop flag, for waits deep in the loop
+  std::chrono::steady_clock::time_point stop_seen_{};  // when the loop first saw it
   // The loss being recovered was counted already (outbox_relay_slot_lost_total
   // counts each loss once, though both the stream and the slot setup see it,
   // and the setup may be retried).
   bool slot_loss_counted_ = false;
   kafka::KafkaProducer* producer_ = nullptr;      // sink_ when it is Kafka
   uint64_t test_fatal_after_ = 0;                 // OUTBOX_TEST_FAULT=fatal-after:N
-  std::atomic<int64_t> last_marker_error_ns_{0};  // steady clock; 0: none yet
+  std::atomic<int64_t> last_marker_error_ns_{0};  // marker thread writes; steady clock; 0: none
 
   // Replication-loop state.
   pgoutput::RelationCache relations_;
@@ -108,6 +137,9 @@ class Relay {
   Lsn last_sent_flush_;
   std::chrono::steady_clock::time_point last_status_{};
   std::chrono::steady_clock::time_point last_progress_log_{};
+
+  // Last, so it is destroyed first: its threads call into the members above.
+  std::unique_ptr<metrics::HttpServer> http_;
 };
 
 }  // namespace outbox_relay::app

@@ -29,6 +29,7 @@ struct RelayStats {
   std::atomic<int64_t> heartbeat_unix_micros{0};  // last loop iteration that talked to the server
   std::atomic<bool> streaming{false};
   std::atomic<bool> standby{false};
+  std::atomic<bool> kafka_reachable{false};  // the sink's word, copied by the loop thread
 
   // The loop is alive (for /healthz): every loop that waits calls it, so a
   // long backfill or a wait for Kafka is not taken for a hang.

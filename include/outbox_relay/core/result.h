@@ -24,6 +24,7 @@ enum class ErrorCode {
   kSlotInUse,        // the replication slot is held by another process (SQLSTATE 55006)
   kSlotLost,         // the replication slot is missing or invalidated
   kPermission,       // the database refused for lack of a privilege
+  kCancelled,        // given up because the process was asked to stop (not a failure)
   kFatal,            // a state the process must not continue from
 };
 
@@ -46,6 +47,7 @@ inline Disposition DispositionOf(const Error& e) {
     case ErrorCode::kInvalidArgument:
     case ErrorCode::kSlotLost:
     case ErrorCode::kPermission:
+    case ErrorCode::kCancelled:
     case ErrorCode::kFatal:
       return Disposition::kStop;
   }

@@ -6,19 +6,40 @@
 // error and the relay stops without confirming it (the slot replays it).
 // Any librdkafka property can be passed through (TLS, SASL, compression...);
 // the few that would break the guarantees are refused at start.
+//
+// Topics and batches. A broker judges a whole record batch against the
+// topic's max.message.bytes: one batch over it refuses every record in it,
+// although each would be accepted alone. So before the first record goes to a
+// topic, the producer asks the broker for that limit (and creates the topic
+// with --create-topics), on its own admin thread — the replication loop is
+// told "not yet" (kQueueFull) meanwhile and keeps answering the walsender. A
+// topic whose limit is below the producer's batch.size is bound to a lane: a
+// second librdkafka instance whose batch.size fits the limit. Every record of
+// a topic goes through the same lane, so per-partition order (the idempotent
+// producer's) holds. A refusal for size is then the record's own (poison);
+// where the limit could not be read, a refused batch stops the relay with the
+// setting to change, and nothing is dead-lettered.
+//
+// Threads: Produce from one thread (the relay's loop); one poller thread per
+// lane serves that lane's delivery reports (the DeliveryCallback may run on
+// two threads at once when a second lane exists); one admin thread.
 #pragma once
 
 #include <librdkafka/rdkafka.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "outbox_relay/kafka/admin.h"
 #include "outbox_relay/kafka/sink.h"
 
 namespace outbox_relay::kafka {
@@ -32,25 +53,20 @@ struct ProducerOptions {
   bool create_topics = false;
   int topic_partitions = 3;
   int topic_replication_factor = -1;
+  // How long a topic's preparation (create, read its max.message.bytes) may
+  // wait for the brokers before its records go out with the default batch
+  // size anyway.
+  std::chrono::milliseconds admin_timeout{10000};
 };
 
 // Our defaults, then the user's properties. kInvalidArgument names a
-// property that is unknown, has a bad value, or breaks the guarantees.
+// property that is unknown, has a bad value, or breaks the guarantees; the
+// message never repeats a value (it may be a secret).
 Result<std::map<std::string, std::string>> ProducerConfig(const ProducerOptions& options);
-
-template <auto Fn>
-struct KafkaDeleter {
-  template <typename T>
-  void operator()(T* p) const {
-    Fn(p);
-  }
-};
-using KafkaHandle = std::unique_ptr<rd_kafka_t, KafkaDeleter<rd_kafka_destroy>>;
-using TopicHandle = std::unique_ptr<rd_kafka_topic_t, KafkaDeleter<rd_kafka_topic_destroy>>;
 
 class KafkaProducer final : public Sink {
  public:
-  // Starts the delivery-report thread, which calls `on_delivery`.
+  // Starts the delivery-report and admin threads; reports go to `on_delivery`.
   static Result<std::unique_ptr<KafkaProducer>> Create(const ProducerOptions& options,
                                                        DeliveryCallback on_delivery,
                                                        SinkErrorCallback on_error = {});
@@ -62,34 +78,48 @@ class KafkaProducer final : public Sink {
 
   // Broker metadata request: ok when a broker answered within `timeout`.
   Status CheckConnection(std::chrono::milliseconds timeout);
-  rd_kafka_t* handle() const { return rk_.get(); }
+  rd_kafka_t* handle() const;
   // TEST ONLY: puts the producer in the fatal state an idempotence failure
   // (e.g. an out-of-order sequence) would.
   void InjectFatalErrorForTest();
 
  private:
+  struct Lane;
+  struct TopicState;
+
   KafkaProducer() = default;
   static void OnDeliveryReport(rd_kafka_t* rk, const rd_kafka_message_t* msg, void* opaque);
   static void OnError(rd_kafka_t* rk, int err, const char* reason, void* opaque);
   static void OnLog(const rd_kafka_t* rk, int level, const char* fac, const char* buf);
-  rd_kafka_topic_t* Topic(std::string_view name);
-  void CreateTopic(const std::string& name);
-  void PollLoop();
+  // A lane with this batch.size (created on first use); nullptr on failure.
+  Result<Lane*> LaneWithBatchSize(int64_t batch_size);
+  void AdminLoop();
+  // Creates (--create-topics) and sizes `name`.
+  void PrepareTopic(const std::string& name);
+  void Report(Lane& lane, const rd_kafka_message_t* msg);
 
-  KafkaHandle rk_;
   DeliveryCallback on_delivery_;
   SinkErrorCallback on_error_;
   ProducerOptions options_;
+  std::map<std::string, std::string> settings_;  // librdkafka properties of every lane
+  int64_t batch_size_ = 0;                       // the default lane's batch.size
+
+  std::mutex lanes_mu_;  // guards lanes_ growth; lanes are never removed before destruction
+  std::vector<std::unique_ptr<Lane>> lanes_;  // [0] is the default lane
+  Lane* default_lane_ = nullptr;              // lanes_[0], set once by Create
+
   std::mutex topics_mu_;
-  std::unordered_map<std::string, TopicHandle> topics_;
+  std::condition_variable prepare_cv_;
+  std::unordered_map<std::string, std::unique_ptr<TopicState>> topics_;
+  std::deque<std::string> to_prepare_;
+  std::thread admin_;
+
   std::atomic<bool> stop_{false};
   std::atomic<bool> brokers_down_{false};
-  // Callers of Flush waiting: the poller flushes (linger ignored) instead of
-  // polling. Only the poller thread may serve delivery reports: rd_kafka_flush
+  // Callers of Flush waiting: the pollers flush (linger ignored) instead of
+  // polling. Only a lane's poller may serve its delivery reports: rd_kafka_flush
   // on another thread would run them there too, concurrently.
   std::atomic<int> flush_waiters_{0};
-  std::thread poller_;
-  Delivery scratch_;  // reused by the poller thread only (see flush_waiters_)
 };
 
 }  // namespace outbox_relay::kafka

@@ -6,11 +6,16 @@
 // transactions whose rows Kafka has acknowledged; only after the marker's
 // statement commits does the tracker consider them done, so the slot never
 // moves past a row that the table still shows as unpublished. Marking is by
-// transaction (every row of a committed transaction is delivered together):
-//   UPDATE outbox SET offset_acked = offset_consumed
-//    WHERE transaction_id = ANY($1) AND offset_acked IS NULL
-// uses the primary key's leading column. Idempotent: a re-sent transaction
-// marks nothing twice.
+// primary key, exactly the rows the relay produced, as runs of consecutive
+// offsets per xid8 (tracking::RowRange):
+//   UPDATE outbox o SET offset_acked = o.offset_consumed FROM runs r
+//    WHERE o.transaction_id = r.x AND o.offset_consumed BETWEEN r.first AND r.last
+//      AND o.offset_acked IS NULL
+// an index range scan on the primary key per run. Never by transaction_id
+// alone: a backfill page can hold part of a transaction, and a publication
+// row filter or a partition can keep some of its rows from the relay; a row
+// marked without being delivered is never looked at again. Idempotent: a
+// re-sent transaction marks nothing twice.
 //
 // Database errors are retried with backoff on a fresh connection; marking
 // stalls meanwhile and the relay's backpressure holds the stream (the seed's
@@ -85,7 +90,8 @@ class Marker {
   std::atomic<int64_t> deadline_ns_{0};
   std::atomic<uint64_t> batches_{0}, transactions_{0}, rows_marked_{0}, errors_{0};
   // Reused parameter buffers.
-  std::string xids_, commit_lsns_, end_lsns_, times_, counts_, tx_xids_;
+  std::string run_xids_, run_firsts_, run_lasts_, commit_lsns_, end_lsns_, times_, counts_,
+      tx_xids_;
   std::vector<uint64_t> invisible_;
 };
 

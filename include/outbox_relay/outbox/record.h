@@ -96,6 +96,10 @@ struct ColumnMap {
   int metadata = -1;
   int transaction_id = -1;
   int offset = -1;
+  // The payload column is bytea: PostgreSQL sends its text form (\x hex),
+  // the record carries the bytes themselves, as watermill-sql's BYTEA
+  // payloads are published.
+  bool payload_is_bytea = false;
 
   // kInvalidArgument naming the missing column and the columns the table has.
   static Result<ColumnMap> Resolve(const pgoutput::Relation& relation, const ColumnNames& names);
@@ -150,8 +154,13 @@ class RecordMapper {
   Metadata metadata_;
   std::string topic_;
   std::string lsn_text_;
+  std::string payload_bytes_;  // a bytea payload, decoded
   KafkaRecord record_;
 };
+
+// The bytes of a bytea value from its text form: hex (`\x4142`, the default
+// bytea_output) or escape (`AB\101\\`). kPoison when it is neither.
+Status DecodeByteaText(std::string_view text, std::string* out);
 
 // Parses the text form of xid8 / bigint columns.
 Result<uint64_t> ParseXid8(std::string_view text);

@@ -16,21 +16,14 @@
 #include <string_view>
 #include <vector>
 
+#include "outbox_relay/core/c_handle.h"
 #include "outbox_relay/core/result.h"
 
 namespace outbox_relay::pg {
 
-template <auto Fn>
-struct FnDeleter {
-  template <typename T>
-  void operator()(T* p) const {
-    Fn(p);
-  }
-};
-
-using ConnHandle = std::unique_ptr<PGconn, FnDeleter<PQfinish>>;
-using ResultHandle = std::unique_ptr<PGresult, FnDeleter<PQclear>>;
-using PqMemory = std::unique_ptr<char, FnDeleter<PQfreemem>>;
+using ConnHandle = CHandle<PGconn, PQfinish>;
+using ResultHandle = CHandle<PGresult, PQclear>;
+using PqMemory = CHandle<char, PQfreemem>;
 
 // A schema-qualified table name, e.g. "public.outbox".
 struct QualifiedName {
@@ -72,6 +65,7 @@ class Connection {
   bool ok() const { return conn_ && PQstatus(conn_.get()) == CONNECTION_OK; }
   int server_version() const { return PQserverVersion(conn_.get()); }
   std::string user() const { return PQuser(conn_.get()); }
+  std::string database() const { return PQdb(conn_.get()); }
 
  private:
   explicit Connection(ConnHandle conn) : conn_(std::move(conn)) {}

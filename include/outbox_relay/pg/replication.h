@@ -46,11 +46,6 @@ struct CreatedSlot {
 Result<CreatedSlot> CreateSlot(Connection& replication_conn, std::string_view slot,
                                bool export_snapshot);
 
-// Creates the publication FOR TABLE `table` WITH (publish = 'insert') when
-// missing. Without the privilege: kPermission with the SQL to run.
-Status EnsurePublication(Connection& conn, std::string_view publication,
-                         const QualifiedName& table);
-
 class ReplicationStream {
  public:
   // START_REPLICATION SLOT slot LOGICAL start (proto_version '1', publication_names ...).

@@ -38,6 +38,19 @@
 
 namespace outbox_relay::tracking {
 
+// The primary keys of rows produced for one transaction, as runs of
+// consecutive offsets under one xid8: [first, last]. A run holds only rows
+// the relay itself produced, so marking by runs marks exactly what was
+// delivered — never a row a backfill page, a row filter or another relation
+// kept from the relay (DESIGN §5: marking by transaction_id alone lost rows).
+struct RowRange {
+  uint64_t transaction_id = 0;  // xid8
+  int64_t first = 0;            // offset of the first row of the run
+  int64_t last = 0;             // offset of the last row of the run (inclusive)
+
+  bool operator==(const RowRange&) const = default;
+};
+
 // One transaction from Begin to confirmation. Owned by the tracker; its
 // address is stable while the transaction is in flight and is what each
 // produced message carries as its delivery opaque.
@@ -47,7 +60,7 @@ struct Transaction {
   Lsn end_lsn;                            // Commit.end_lsn, set by Commit()
   PgTimestamp commit_time;                // from Begin
   uint32_t xid = 0;                       // 32-bit xid from Begin
-  std::vector<uint64_t> transaction_ids;  // distinct xid8 values of its rows, for marking
+  std::vector<RowRange> row_ranges;       // primary keys of its produced rows, for marking
   uint64_t rows = 0;                      // rows produced (incl. dead letters)
   bool abandoned = false;  // stream broke before its Commit: never confirms, never marked
 
@@ -96,8 +109,11 @@ class AckTracker {
   void AddDeadLetter(Transaction* tx);
   // Undoes AddMessage for a message the sink did not take.
   void CancelMessage(Transaction* tx);
-  // Records the xid8 of one of its rows (marking works on these).
-  static void NoteTransactionId(Transaction* tx, uint64_t xid8);
+  // Records the primary key of one row produced for `tx` (a record or its
+  // dead letter): marking marks exactly these rows.
+  static void NoteRow(Transaction* tx, uint64_t xid8, int64_t offset);
+  // The distinct xid8 values of `tx`'s rows, in first-seen order.
+  static std::vector<uint64_t> TransactionIds(const Transaction& tx);
   void Commit(Transaction* tx, Lsn end_lsn);
   // The stream broke inside `tx`: its rows will be re-sent by the server.
   void Abandon(Transaction* tx);

@@ -218,28 +218,85 @@ TEST_F(RecordMapperTest, EmptyPayloadIsAnEmptyNotANullValue) {
   EXPECT_EQ(MustMap(mapper, row).value, std::string_view());
 }
 
-TEST_F(RecordMapperTest, NoAggregateIdMeansNullKeyAndNoPartitionKey) {
+TEST_F(RecordMapperTest, NoAggregateIdMeansTheEmptyKeyAndNoPartitionKey) {
+  // Sarama hashes the empty key to one fixed partition, as the Go pipeline did.
   RecordMapper mapper = Mapper();
   Row row;
   row.metadata = Text(R"({"Event-Type":"review.created","Source-Service":"review"})");
   const KafkaRecord& r = MustMap(mapper, row);
-  EXPECT_EQ(r.key, std::nullopt);
+  ASSERT_TRUE(r.key.has_value());
+  EXPECT_EQ(*r.key, "");
   EXPECT_THAT(Copy(r.headers),
               ElementsAre(Pair("_watermill_message_uuid", std::string(kUuid)),
                           Pair("Event-Type", "review.created"), Pair("Source-Service", "review")));
 }
 
-TEST_F(RecordMapperTest, EmptyAggregateIdMeansNullKeyAndKeepsTheEmptyHeader) {
+TEST_F(RecordMapperTest, EmptyAggregateIdMeansTheEmptyKeyAndKeepsTheEmptyHeader) {
   RecordMapper mapper = Mapper();
   Row row;
   row.metadata =
       Text(R"({"Aggregate-Id":"","Event-Type":"review.created","Source-Service":"review"})");
   const KafkaRecord& r = MustMap(mapper, row);
-  EXPECT_EQ(r.key, std::nullopt);
+  ASSERT_TRUE(r.key.has_value());
+  EXPECT_EQ(*r.key, "");
   EXPECT_THAT(
       Copy(r.headers),
       ElementsAre(Pair("_watermill_message_uuid", std::string(kUuid)), Pair("Aggregate-Id", ""),
                   Pair("Event-Type", "review.created"), Pair("Source-Service", "review")));
+}
+
+TEST_F(RecordMapperTest, WithoutAggregateIdThePartitionKeyInTheMetadataIsTheKey) {
+  RecordMapper mapper = Mapper();
+  Row row;
+  row.metadata = Text(
+      R"({"Event-Type":"review.created","Source-Service":"review","partition_key":"p-3"})");
+  const KafkaRecord& r = MustMap(mapper, row);
+  EXPECT_EQ(r.key, "p-3");
+  EXPECT_THAT(Copy(r.headers),
+              ElementsAre(Pair("_watermill_message_uuid", std::string(kUuid)),
+                          Pair("Event-Type", "review.created"), Pair("Source-Service", "review"),
+                          Pair("partition_key", "p-3")));
+}
+
+TEST_F(RecordMapperTest, NoKeyFieldMeansANullKey) {
+  MapperOptions options;
+  options.key_field = "";
+  RecordMapper mapper = Mapper(options);
+  Row row;
+  const KafkaRecord& r = MustMap(mapper, row);
+  EXPECT_EQ(r.key, std::nullopt);
+}
+
+TEST_F(RecordMapperTest, AByteaPayloadIsPublishedAsItsBytes) {
+  // A relation whose payload column is bytea (OID 17) is seen as such.
+  pgoutput::Relation relation = SeedRelation();
+  relation.columns[4].type_oid = 17;
+  auto columns = ColumnMap::Resolve(relation, ColumnNames{});
+  ASSERT_TRUE(columns.has_value());
+  EXPECT_TRUE(columns->payload_is_bytea);
+  EXPECT_FALSE(columns_.payload_is_bytea);
+  RecordMapper mapper = Mapper();
+  Row row;
+  row.payload = Text("\\x7b2261223a317d00ff");
+  tuple_ = row.Tuple();
+  auto mapped = mapper.Map(*columns, tuple_, Lsn(0x100));
+  ASSERT_TRUE(mapped.has_value());
+  ASSERT_NE(mapped->record, nullptr);
+  EXPECT_EQ(mapped->record->value, std::string_view("{\"a\":1}\0\xff", 9));
+}
+
+TEST(DecodeByteaText, HexAndEscapeFormsAndBadInput) {
+  std::string out;
+  ASSERT_TRUE(DecodeByteaText("\\x", &out));
+  EXPECT_EQ(out, "");
+  ASSERT_TRUE(DecodeByteaText("\\x4142", &out));
+  EXPECT_EQ(out, "AB");
+  ASSERT_TRUE(DecodeByteaText("A\\102\\\\", &out));
+  EXPECT_EQ(out, "AB\\");
+  EXPECT_FALSE(DecodeByteaText("\\x414", &out));
+  EXPECT_FALSE(DecodeByteaText("\\x4g", &out));
+  EXPECT_FALSE(DecodeByteaText("a\\9", &out));
+  EXPECT_FALSE(DecodeByteaText("a\\", &out));
 }
 
 TEST_F(RecordMapperTest, PartitionKeyOverridesOneAlreadyInTheMetadata) {
@@ -335,7 +392,7 @@ TEST_F(RecordMapperTest, EventTypeIsEmptyWhenAbsent) {
   const KafkaRecord& r = MustMap(mapper, row);
   EXPECT_EQ(r.topic, "fixed");
   EXPECT_EQ(r.event_type, "");
-  EXPECT_EQ(r.key, std::nullopt);
+  EXPECT_EQ(r.key, std::optional<std::string_view>(""));  // no Aggregate-Id: the empty key
   EXPECT_THAT(Copy(r.headers), ElementsAre(Pair("_watermill_message_uuid", std::string(kUuid))));
 }
 
@@ -361,7 +418,7 @@ TEST_F(RecordMapperTest, NothingFromThePreviousRowLeaksIntoTheNext) {
   row.metadata = Text(R"({"Event-Type":"user.created","Source-Service":"auth"})");
   const KafkaRecord& r = MustMap(mapper, row, Lsn(0x10));
   EXPECT_EQ(r.topic, "kazmaps.auth.user");
-  EXPECT_EQ(r.key, std::nullopt);
+  EXPECT_EQ(r.key, std::optional<std::string_view>(""));  // not the previous row's r-1
   EXPECT_EQ(r.value, std::nullopt);
   EXPECT_EQ(r.event_type, "user.created");
   EXPECT_THAT(Copy(r.headers),

@@ -16,7 +16,7 @@ Transaction* AddTx(AckTracker& t, uint64_t end, int rows, uint64_t xid8 = 0) {
   Transaction* tx = t.Begin(Lsn(end - 1), PgTimestamp{}, static_cast<uint32_t>(end));
   for (int i = 0; i < rows; ++i) {
     t.AddMessage(tx);
-    AckTracker::NoteTransactionId(tx, xid8 ? xid8 : end);
+    AckTracker::NoteRow(tx, xid8 ? xid8 : end, i);
   }
   t.Commit(tx, Lsn(end));
   return tx;
@@ -159,12 +159,31 @@ TEST(AckTracker, MarkingOffConfirmsOnDelivery) {
   EXPECT_EQ(t.awaiting_mark(), 0u);
 }
 
-TEST(AckTracker, DistinctTransactionIdsAreRecordedForMarking) {
+TEST(AckTracker, RowsAreRecordedAsRunsOfConsecutiveOffsetsPerTransactionId) {
   AckTracker t(Lsn(1));
   Transaction* tx = t.Begin(Lsn(99), PgTimestamp{}, 7);
-  for (uint64_t id : {5ull, 5ull, 6ull, 5ull}) AckTracker::NoteTransactionId(tx, id);
-  EXPECT_EQ(tx->transaction_ids, (std::vector<uint64_t>{5, 6}));
+  // Offsets 10..12 of xid 5, then 14 (13 went to another writer, or a row
+  // filter kept it from the relay: it must not be covered), then xid 6, then 5 again.
+  for (auto [id, off] : std::vector<std::pair<uint64_t, int64_t>>{
+           {5, 10}, {5, 11}, {5, 12}, {5, 14}, {6, 15}, {6, 16}, {5, 17}}) {
+    AckTracker::NoteRow(tx, id, off);
+  }
+  EXPECT_EQ(tx->row_ranges, (std::vector<RowRange>{
+                                {5, 10, 12}, {5, 14, 14}, {6, 15, 16}, {5, 17, 17}}));
+  EXPECT_EQ(AckTracker::TransactionIds(*tx), (std::vector<uint64_t>{5, 6}));
   t.Commit(tx, Lsn(100));
+}
+
+TEST(AckTracker, ATransactionWithoutRowsIsNeverHandedToTheMarker) {
+  // PostgreSQL 14 sends empty transactions (and a shared publication sends
+  // other tables' ones): marking one would index it, and that index INSERT
+  // would come back as one more empty transaction, for ever.
+  AckTracker t(Lsn(1));
+  Transaction* empty = t.Begin(Lsn(99), PgTimestamp{}, 7);
+  t.Commit(empty, Lsn(100));
+  EXPECT_EQ(t.awaiting_mark(), 0u);
+  EXPECT_EQ(t.confirmed(), Lsn(100));
+  EXPECT_EQ(MarkAll(t), 0u);
 }
 
 TEST(AckTracker, RaiseConfirmedNeverLowersAndLaterCommitsStillCount) {

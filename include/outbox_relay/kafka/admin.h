@@ -1,0 +1,48 @@
+// Admin requests on a client handle: topic creation and the topic settings
+// the producer must respect. Every librdkafka object is owned (CHandle).
+//
+// Blocking: each call waits for the broker's answer up to `timeout` (or until
+// `*cancel` turns true), so the producer runs them on its own admin thread,
+// never on the replication loop.
+#pragma once
+
+#include <librdkafka/rdkafka.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "outbox_relay/core/c_handle.h"
+#include "outbox_relay/core/result.h"
+
+namespace outbox_relay::kafka {
+
+using KafkaHandle = CHandle<rd_kafka_t, rd_kafka_destroy>;
+using KafkaConfHandle = CHandle<rd_kafka_conf_t, rd_kafka_conf_destroy>;
+using TopicHandle = CHandle<rd_kafka_topic_t, rd_kafka_topic_destroy>;
+using HeadersHandle = CHandle<rd_kafka_headers_t, rd_kafka_headers_destroy>;
+using QueueHandle = CHandle<rd_kafka_queue_t, rd_kafka_queue_destroy>;
+using EventHandle = CHandle<rd_kafka_event_t, rd_kafka_event_destroy>;
+using AdminOptionsHandle = CHandle<rd_kafka_AdminOptions_t, rd_kafka_AdminOptions_destroy>;
+using NewTopicHandle = CHandle<rd_kafka_NewTopic_t, rd_kafka_NewTopic_destroy>;
+using ConfigResourceHandle = CHandle<rd_kafka_ConfigResource_t, rd_kafka_ConfigResource_destroy>;
+using MetadataHandle = CHandle<const rd_kafka_metadata_t, rd_kafka_metadata_destroy>;
+
+// Creates topic `name`. Ok when it was created or already existed;
+// kTransient when the brokers did not answer in time; otherwise the broker's
+// reason (kInvalidArgument, kPermission).
+Status CreateTopic(rd_kafka_t* rk, const std::string& name, int partitions,
+                   int replication_factor, std::chrono::milliseconds timeout,
+                   const std::atomic<bool>* cancel = nullptr);
+
+// The topic's effective max.message.bytes: the largest record batch the
+// broker accepts for it. nullopt when the topic does not exist (yet).
+// kTransient when the brokers did not answer in time; kPermission when the
+// client may not describe the topic's configuration.
+Result<std::optional<int64_t>> TopicMaxMessageBytes(rd_kafka_t* rk, const std::string& name,
+                                                    std::chrono::milliseconds timeout,
+                                                    const std::atomic<bool>* cancel = nullptr);
+
+}  // namespace outbox_relay::kafka

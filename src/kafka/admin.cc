@@ -1,0 +1,133 @@
+#include "outbox_relay/kafka/admin.h"
+
+#include <array>
+#include <charconv>
+#include <string_view>
+
+namespace outbox_relay::kafka {
+
+namespace {
+
+ErrorCode CodeOf(rd_kafka_resp_err_t err) {
+  switch (err) {
+    case RD_KAFKA_RESP_ERR__TIMED_OUT:
+    case RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT:
+    case RD_KAFKA_RESP_ERR__TRANSPORT:
+    case RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN:
+    case RD_KAFKA_RESP_ERR_NOT_CONTROLLER:
+    case RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE:
+    case RD_KAFKA_RESP_ERR__WAIT_COORD:
+      return ErrorCode::kTransient;
+    case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
+    case RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED:
+      return ErrorCode::kPermission;
+    default:
+      return ErrorCode::kInvalidArgument;
+  }
+}
+
+// Sends nothing itself: waits for the result event of a request queued on `queue`.
+Result<EventHandle> Await(rd_kafka_queue_t* queue, std::chrono::milliseconds timeout,
+                          const std::atomic<bool>* cancel, std::string_view what) {
+  // The request carries its own timeout; wait a little longer for its answer,
+  // in slices, so that a stopping producer does not wait for it.
+  auto deadline = std::chrono::steady_clock::now() + timeout + std::chrono::seconds(1);
+  EventHandle ev;
+  while (!ev && std::chrono::steady_clock::now() < deadline) {
+    if (cancel != nullptr && cancel->load()) {
+      return Fail(ErrorCode::kTransient, "{}: cancelled", what);
+    }
+    ev.reset(rd_kafka_queue_poll(queue, 100));
+  }
+  if (!ev) return Fail(ErrorCode::kTransient, "{}: no answer within {} ms", what, timeout.count());
+  if (rd_kafka_resp_err_t err = rd_kafka_event_error(ev.get()); err) {
+    return Fail(CodeOf(err), "{}: {}", what, rd_kafka_event_error_string(ev.get()));
+  }
+  return ev;
+}
+
+AdminOptionsHandle Options(rd_kafka_t* rk, rd_kafka_admin_op_t op,
+                           std::chrono::milliseconds timeout) {
+  std::array<char, 256> errstr{};
+  AdminOptionsHandle opts(rd_kafka_AdminOptions_new(rk, op));
+  (void)rd_kafka_AdminOptions_set_request_timeout(opts.get(), static_cast<int>(timeout.count()),
+                                                  errstr.data(), errstr.size());
+  if (op == RD_KAFKA_ADMIN_OP_CREATETOPICS) {
+    (void)rd_kafka_AdminOptions_set_operation_timeout(
+        opts.get(), static_cast<int>(timeout.count()), errstr.data(), errstr.size());
+  }
+  return opts;
+}
+
+}  // namespace
+
+Status CreateTopic(rd_kafka_t* rk, const std::string& name, int partitions,
+                   int replication_factor, std::chrono::milliseconds timeout,
+                   const std::atomic<bool>* cancel) {
+  std::array<char, 512> errstr{};
+  NewTopicHandle topic(rd_kafka_NewTopic_new(name.c_str(), partitions, replication_factor,
+                                             errstr.data(), errstr.size()));
+  if (!topic) {
+    return Fail(ErrorCode::kInvalidArgument, "create topic {}: {}", name, errstr.data());
+  }
+  QueueHandle queue(rd_kafka_queue_new(rk));
+  AdminOptionsHandle opts = Options(rk, RD_KAFKA_ADMIN_OP_CREATETOPICS, timeout);
+  rd_kafka_NewTopic_t* topics[] = {topic.get()};
+  rd_kafka_CreateTopics(rk, topics, 1, opts.get(), queue.get());
+  auto ev = Await(queue.get(), timeout, cancel, "create topic " + name);
+  if (!ev) return std::unexpected(ev.error());
+  const rd_kafka_CreateTopics_result_t* result = rd_kafka_event_CreateTopics_result(ev->get());
+  size_t count = 0;
+  const rd_kafka_topic_result_t** results =
+      result != nullptr ? rd_kafka_CreateTopics_result_topics(result, &count) : nullptr;
+  for (size_t i = 0; i < count; ++i) {
+    rd_kafka_resp_err_t err = rd_kafka_topic_result_error(results[i]);
+    if (err != RD_KAFKA_RESP_ERR_NO_ERROR && err != RD_KAFKA_RESP_ERR_TOPIC_ALREADY_EXISTS) {
+      return Fail(CodeOf(err), "create topic {}: {}", name,
+                  rd_kafka_topic_result_error_string(results[i]));
+    }
+  }
+  return Ok();
+}
+
+Result<std::optional<int64_t>> TopicMaxMessageBytes(rd_kafka_t* rk, const std::string& name,
+                                                    std::chrono::milliseconds timeout,
+                                                    const std::atomic<bool>* cancel) {
+  ConfigResourceHandle resource(rd_kafka_ConfigResource_new(RD_KAFKA_RESOURCE_TOPIC, name.c_str()));
+  QueueHandle queue(rd_kafka_queue_new(rk));
+  AdminOptionsHandle opts = Options(rk, RD_KAFKA_ADMIN_OP_DESCRIBECONFIGS, timeout);
+  rd_kafka_ConfigResource_t* resources[] = {resource.get()};
+  rd_kafka_DescribeConfigs(rk, resources, 1, opts.get(), queue.get());
+  auto ev = Await(queue.get(), timeout, cancel, "describe topic " + name);
+  if (!ev) return std::unexpected(ev.error());
+  const rd_kafka_DescribeConfigs_result_t* result =
+      rd_kafka_event_DescribeConfigs_result(ev->get());
+  size_t count = 0;
+  const rd_kafka_ConfigResource_t** described =
+      result != nullptr ? rd_kafka_DescribeConfigs_result_resources(result, &count) : nullptr;
+  if (count == 0) return Fail(ErrorCode::kTransient, "describe topic {}: empty answer", name);
+  rd_kafka_resp_err_t err = rd_kafka_ConfigResource_error(described[0]);
+  if (err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) return std::optional<int64_t>();
+  if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+    return Fail(CodeOf(err), "describe topic {}: {}", name,
+                rd_kafka_ConfigResource_error_string(described[0]));
+  }
+  size_t entries = 0;
+  const rd_kafka_ConfigEntry_t** configs = rd_kafka_ConfigResource_configs(described[0], &entries);
+  for (size_t i = 0; i < entries; ++i) {
+    if (std::string_view(rd_kafka_ConfigEntry_name(configs[i])) != "max.message.bytes") continue;
+    const char* value = rd_kafka_ConfigEntry_value(configs[i]);
+    int64_t v = 0;
+    std::string_view text = value != nullptr ? value : "";
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (ec != std::errc() || end != text.data() + text.size()) {
+      return Fail(ErrorCode::kInvalidArgument, "topic {}: max.message.bytes '{}' is not a number",
+                  name, text);
+    }
+    return std::optional<int64_t>(v);
+  }
+  return Fail(ErrorCode::kInvalidArgument, "topic {}: the broker did not say its max.message.bytes",
+              name);
+}
+
+}  // namespace outbox_relay::kafka
