@@ -62,7 +62,15 @@ std::string PrettyBytes(int64_t bytes) {
 }
 
 int ExitCodeOf(const Error& error) {
-  return error.code == ErrorCode::kInvalidArgument ? kExitConfig : kExitFailure;
+  switch (error.code) {
+    case ErrorCode::kInvalidArgument:
+    case ErrorCode::kPermission:
+      return kExitConfig;  // a setting or a privilege to fix, not a retry
+    case ErrorCode::kCancelled:
+      return kExitOk;
+    default:
+      return kExitFailure;
+  }
 }
 
 namespace {

@@ -7,6 +7,7 @@
 #include <thread>
 #include <utility>
 
+#include "outbox_relay/app/commands.h"
 #include "outbox_relay/kafka/producer.h"
 #include "outbox_relay/pg/publication.h"
 #include "outbox_relay/pg/relay_schema.h"
@@ -40,9 +41,6 @@ std::vector<std::string> NeededColumns(const outbox::ColumnNames& c) {
   return {c.uuid, c.payload, c.metadata, c.transaction_id, c.offset};
 }
 
-// Exit codes: 0 clean stop, 1 runtime failure, 2 bad configuration/setup.
-constexpr int kExitFailure = 1;
-constexpr int kExitConfig = 2;
 
 }  // namespace
 
@@ -197,10 +195,7 @@ int Relay::Run(const std::atomic<bool>& stop) {
     if (st) break;
     if (DispositionOf(st.error()) != Disposition::kRetry) {
       spdlog::error("{}", st.error().message);
-      return st.error().code == ErrorCode::kInvalidArgument ||
-                     st.error().code == ErrorCode::kPermission
-                 ? kExitConfig
-                 : kExitFailure;
+      return ExitCodeOf(st.error());
     }
     milliseconds wait = Backoff(attempt);
     spdlog::warn("setup: {} (retrying in {} ms)", st.error().message, wait.count());
@@ -219,7 +214,8 @@ int Relay::Run(const std::atomic<bool>& stop) {
         if (st.error().code == ErrorCode::kCancelled) return Shutdown(nullptr, false);
         if (DispositionOf(st.error()) != Disposition::kRetry) {
           spdlog::error("{}", st.error().message);
-          return Shutdown(nullptr, true);
+          Shutdown(nullptr, true);
+          return ExitCodeOf(st.error());
         }
         if (st.error().code == ErrorCode::kSlotInUse) {
           // Another instance sets the slot up (or backfills): we are its standby.
@@ -301,7 +297,8 @@ int Relay::Run(const std::atomic<bool>& stop) {
     }
     if (DispositionOf(err) != Disposition::kRetry) {
       spdlog::error("{}", err.message);
-      return Shutdown(stream ? &*stream : nullptr, true);
+      Shutdown(stream ? &*stream : nullptr, true);
+      return ExitCodeOf(err);
     }
     if (err.code == ErrorCode::kSlotInUse) {
       if (!stats_.standby.exchange(true)) {

@@ -102,11 +102,13 @@ TEST_F(ExactMarking, TwoInstancesStartedTogetherBackfillOnce) {
   EXPECT_EQ(report.duplicates, 0u) << "both instances ran the backfill\n"
                                    << first.LogTail(10) << second.LogTail(10);
   EXPECT_EQ(report.order_violations, 0u) << report.Samples();
+  // The instances write one log (the first one's view holds both).
   int backfills = 0;
-  for (RelayProcess* r : {&first, &second}) {
-    backfills += r->Log().find("backfill: publishing") != std::string::npos ? 1 : 0;
+  std::string log = first.Log();
+  for (size_t p = 0; (p = log.find("backfill: publishing", p)) != std::string::npos; ++p) {
+    ++backfills;
   }
-  EXPECT_EQ(backfills, 1);
+  EXPECT_EQ(backfills, 1) << first.LogTail(60) << "\n----\n" << second.LogTail(60);
 }
 
 }  // namespace

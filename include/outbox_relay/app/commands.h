@@ -50,8 +50,10 @@ std::string JsonQuote(std::string_view text);
 // 1536 -> "1.5 KiB", 0 -> "0 B" (binary units, as pg_size_pretty but with one decimal).
 std::string PrettyBytes(int64_t bytes);
 
-// The exit code for an error that ends a command: kExitConfig for
-// kInvalidArgument, kExitFailure otherwise.
+// The exit code for an error that ends a command (run and every operations
+// command): kExitConfig for a setting or a privilege (kInvalidArgument,
+// kPermission), kExitOk for a stop request (kCancelled), kExitFailure
+// otherwise.
 int ExitCodeOf(const Error& error);
 
 }  // namespace outbox_relay::app
