@@ -42,19 +42,20 @@ class ExactMarking : public RelayTest {
 
 TEST_F(ExactMarking, BackfillPageEndingInsideATransactionMarksOnlyWhatKafkaHas) {
   CreateTables();
-  // One 600-row transaction written before the slot exists: the backfill
-  // reads it in pages of 100 rows, one row in flight at a time (slow on
-  // purpose: the window between one page's marking and the next page's
-  // delivery is wide).
+  // One 5,600-row transaction written before the slot exists: the backfill
+  // reads it in two pages (5,000 rows, then 600), one row in flight at a time
+  // (slow on purpose: the window between the first page's marking and the
+  // second page's delivery is wide).
   Ledger ledger;
   Writer writer(Workload(), &ledger, -1, 101);
-  ASSERT_TRUE(writer.Transaction({.rows = 600}));
-  RelayProcess& relay = StartRelay({"--backfill-batch", "100", "--max-in-flight", "1"});
+  ASSERT_TRUE(writer.Transaction({.rows = 5600}));
+  RelayProcess& relay =
+      StartRelay({"--max-in-flight", "1", "--kafka-property", "linger.ms=0"});
 
   // As soon as anything is marked, stop the relay dead and compare.
-  auto deadline = std::chrono::steady_clock::now() + seconds(60);
+  auto deadline = std::chrono::steady_clock::now() + seconds(120);
   while (db_->Int(fmt::format("SELECT count(*) FROM {} WHERE offset_acked IS NOT NULL",
-                              QuoteIdent(name_))) < 150 &&
+                              QuoteIdent(name_))) < 5000 &&
          std::chrono::steady_clock::now() < deadline && relay.Running()) {
     std::this_thread::sleep_for(milliseconds(20));
   }
@@ -66,12 +67,12 @@ TEST_F(ExactMarking, BackfillPageEndingInsideATransactionMarksOnlyWhatKafkaHas) 
   for (const std::string& u : marked) marked_not_in_kafka += in_kafka.contains(u) ? 0 : 1;
   fmt::print("at the kill: {} rows marked, {} in Kafka, {} marked but not in Kafka\n",
              marked.size(), in_kafka.size(), marked_not_in_kafka);
-  ASSERT_GE(marked.size(), 100u) << relay.LogTail();
-  EXPECT_LT(marked.size(), 600u) << "the kill came too late to show anything";
+  ASSERT_GE(marked.size(), 5000u) << relay.LogTail();
+  EXPECT_LT(in_kafka.size(), 5600u) << "the kill came too late to show anything";
   EXPECT_EQ(marked_not_in_kafka, 0u) << "rows were marked published before Kafka had them";
 
   // The restart's backfill finds every row not yet marked: nothing lost.
-  RelayProcess& again = StartRelay({"--backfill-batch", "100"});
+  RelayProcess& again = StartRelay();
   ASSERT_TRUE(WaitStreaming(again, seconds(60))) << again.LogTail();
   EXPECT_EQ(WaitAllAcked(seconds(60)), 0) << DescribeUnacked();
   DeliveryReport report = CheckDelivery(ledger.committed(), ledger.rolled_back(), ReadTopics());
@@ -90,9 +91,9 @@ TEST_F(ExactMarking, TwoInstancesStartedTogetherBackfillOnce) {
     for (int i = 0; i < 200; ++i) ASSERT_TRUE(writer.Transaction({.rows = 100}));
   }
   // The hot-standby Deployment starts its two replicas together.
-  RelayProcess& first = StartRelay({"--backfill-batch", "1000"});
+  RelayProcess& first = StartRelay();
   std::this_thread::sleep_for(milliseconds(300));
-  RelayProcess& second = StartRelay({"--backfill-batch", "1000"});
+  RelayProcess& second = StartRelay();
   EXPECT_EQ(WaitAllAcked(seconds(120)), 0) << DescribeUnacked();
   ASSERT_TRUE(WaitStreaming(first, seconds(30)) || WaitStreaming(second, seconds(1)))
       << first.LogTail() << second.LogTail();

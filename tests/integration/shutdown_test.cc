@@ -106,7 +106,7 @@ TEST_F(Shutdown, DuringTheBackfillWithKafkaUpAndDown) {
   RelayEnv env = {{"KAFKA_BROKERS", broker.brokers()}};
   // Kafka up: a stop in the middle of the backfill exits 0; nothing is lost.
   {
-    RelayProcess& relay = StartRelay(Args({"--max-in-flight", "200", "--backfill-batch", "500"}),
+    RelayProcess& relay = StartRelay(Args({"--max-in-flight", "200"}),
                                      env);
     ASSERT_TRUE(relay.WaitForLog("backfill: publishing", seconds(30))) << relay.LogTail();
     std::this_thread::sleep_for(milliseconds(500));
@@ -114,7 +114,7 @@ TEST_F(Shutdown, DuringTheBackfillWithKafkaUpAndDown) {
   }
   // Kafka down: held back by --max-in-flight in the middle of the backfill.
   {
-    RelayProcess& relay = StartRelay(Args({"--max-in-flight", "200", "--backfill-batch", "500"}),
+    RelayProcess& relay = StartRelay(Args({"--max-in-flight", "200"}),
                                      env);
     ASSERT_TRUE(relay.WaitForLog("backfill: publishing", seconds(30))) << relay.LogTail();
     broker.Stop(/*kill=*/true);
