@@ -50,7 +50,6 @@ int64_t Int(const PGresult* r, int row, int col) {
 
 bool Bool(const PGresult* r, int row, int col) { return pg::GetValue(r, row, col) == "t"; }
 
-
 struct Column {
   int attnum = 0;
   std::string type;     // format_type()
@@ -245,8 +244,8 @@ class Checker {
     owns_table_ = Bool(res->get(), 0, 3);
     std::string kind = Str(res->get(), 0, 1);
     if (kind == "p") {
-      Ok("outbox table", fmt::format("{} exists, partitioned (owner {})",
-                                     r_.table_name.ToString(), table_owner_));
+      Ok("outbox table",
+         fmt::format("{} exists, partitioned (owner {})", r_.table_name.ToString(), table_owner_));
     } else if (kind != "r") {
       Failed("outbox table",
              fmt::format("{} exists but is not a table (relkind {}): run refuses it",

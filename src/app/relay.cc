@@ -41,7 +41,6 @@ std::vector<std::string> NeededColumns(const outbox::ColumnNames& c) {
   return {c.uuid, c.payload, c.metadata, c.transaction_id, c.offset};
 }
 
-
 }  // namespace
 
 Relay::Relay(RelayConfig config)
@@ -700,7 +699,8 @@ Status Relay::DeadLetterRefused(pg::ReplicationStream* stream) {
     outbox::RowIdentity identity;
     identity.offset = -1;
     identity.uuid = r.uuid;
-    if (!r.tx->row_ranges.empty()) identity.transaction_id = r.tx->row_ranges.front().transaction_id;
+    if (!r.tx->row_ranges.empty())
+      identity.transaction_id = r.tx->row_ranges.front().transaction_id;
     Error reason{ErrorCode::kPoison,
                  fmt::format("{} (offset unknown: select the row by uuid '{}')", r.reason, r.uuid)};
     std::optional<std::string_view> metadata;

@@ -53,17 +53,16 @@ AdminOptionsHandle Options(rd_kafka_t* rk, rd_kafka_admin_op_t op,
   (void)rd_kafka_AdminOptions_set_request_timeout(opts.get(), static_cast<int>(timeout.count()),
                                                   errstr.data(), errstr.size());
   if (op == RD_KAFKA_ADMIN_OP_CREATETOPICS) {
-    (void)rd_kafka_AdminOptions_set_operation_timeout(
-        opts.get(), static_cast<int>(timeout.count()), errstr.data(), errstr.size());
+    (void)rd_kafka_AdminOptions_set_operation_timeout(opts.get(), static_cast<int>(timeout.count()),
+                                                      errstr.data(), errstr.size());
   }
   return opts;
 }
 
 }  // namespace
 
-Status CreateTopic(rd_kafka_t* rk, const std::string& name, int partitions,
-                   int replication_factor, std::chrono::milliseconds timeout,
-                   const std::atomic<bool>* cancel) {
+Status CreateTopic(rd_kafka_t* rk, const std::string& name, int partitions, int replication_factor,
+                   std::chrono::milliseconds timeout, const std::atomic<bool>* cancel) {
   std::array<char, 512> errstr{};
   NewTopicHandle topic(rd_kafka_NewTopic_new(name.c_str(), partitions, replication_factor,
                                              errstr.data(), errstr.size()));

@@ -171,7 +171,8 @@ Result<KafkaProducer::Lane*> KafkaProducer::LaneWithBatchSize(int64_t batch_size
   rd_kafka_conf_set_log_cb(conf.get(), &KafkaProducer::OnLog);
   // On success rd_kafka_new owns conf; on failure we still do.
   lane->rk.reset(rd_kafka_new(RD_KAFKA_PRODUCER, conf.get(), errstr.data(), errstr.size()));
-  if (!lane->rk) return Fail(ErrorCode::kInvalidArgument, "create Kafka producer: {}", errstr.data());
+  if (!lane->rk)
+    return Fail(ErrorCode::kInvalidArgument, "create Kafka producer: {}", errstr.data());
   (void)conf.release();
   lane->poller = std::thread([this, raw = lane.get()] {
     while (!stop_.load(std::memory_order_relaxed)) {
@@ -183,9 +184,10 @@ Result<KafkaProducer::Lane*> KafkaProducer::LaneWithBatchSize(int64_t batch_size
     }
   });
   if (!lanes_.empty()) {
-    spdlog::info("kafka: a second producer lane with batch.size {} for topics with a smaller "
-                 "max.message.bytes",
-                 batch_size);
+    spdlog::info(
+        "kafka: a second producer lane with batch.size {} for topics with a smaller "
+        "max.message.bytes",
+        batch_size);
   }
   lanes_.push_back(std::move(lane));
   return lanes_.back().get();
@@ -251,9 +253,10 @@ void KafkaProducer::PrepareTopic(const std::string& name) {
     auto smaller = LaneWithBatchSize(BatchSizeFor(*max_message_bytes));
     if (smaller) {
       lane = *smaller;
-      spdlog::info("kafka: topic {} accepts batches of at most {} bytes: its records go through "
-                   "the lane with batch.size {}",
-                   name, *max_message_bytes, lane->batch_size);
+      spdlog::info(
+          "kafka: topic {} accepts batches of at most {} bytes: its records go through "
+          "the lane with batch.size {}",
+          name, *max_message_bytes, lane->batch_size);
     } else {
       spdlog::error("kafka: {}", smaller.error().message);
     }

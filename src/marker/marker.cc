@@ -187,9 +187,9 @@ Status Marker::MarkBatch(const std::vector<tracking::Transaction*>& batch,
                          &tx_xids_, &times_, &counts_}) {
     s->push_back('}');
   }
-  const char* values[9] = {run_xids_.c_str(),   run_firsts_.c_str(), run_lasts_.c_str(),
+  const char* values[9] = {run_xids_.c_str(),          run_firsts_.c_str(),  run_lasts_.c_str(),
                            options_.slot_name.c_str(), commit_lsns_.c_str(), end_lsns_.c_str(),
-                           tx_xids_.c_str(),    times_.c_str(),      counts_.c_str()};
+                           tx_xids_.c_str(),           times_.c_str(),       counts_.c_str()};
   pg::ResultHandle res(
       PQexecPrepared(conn_->get(), kStatementName, 9, values, nullptr, nullptr, 0));
   if (!res || PQresultStatus(res.get()) != PGRES_TUPLES_OK) {

@@ -141,8 +141,7 @@ Result<ColumnMap> ColumnMap::Resolve(const pgoutput::Relation& relation, const C
   find(names.offset, &map.offset);
   if (missing.empty()) {
     constexpr pgoutput::Oid kByteaOid = 17;
-    map.payload_is_bytea =
-        relation.columns[static_cast<size_t>(map.payload)].type_oid == kByteaOid;
+    map.payload_is_bytea = relation.columns[static_cast<size_t>(map.payload)].type_oid == kByteaOid;
     return map;
   }
 

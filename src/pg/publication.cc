@@ -110,8 +110,7 @@ Result<PublicationInfo> QueryPublication(Connection& conn, std::string_view publ
     }
   }
 
-  std::optional<std::string> others_params[] = {std::string(publication), table.schema,
-                                                table.name};
+  std::optional<std::string> others_params[] = {std::string(publication), table.schema, table.name};
   auto others = conn.ExecParams(
       "SELECT schemaname || '.' || tablename, count(*) OVER () FROM pg_publication_tables "
       "WHERE pubname = $1 AND NOT (schemaname = $2 AND tablename = $3) "
@@ -124,8 +123,7 @@ Result<PublicationInfo> QueryPublication(Connection& conn, std::string_view publ
   if (PQntuples(others->get()) > 0) {
     auto total = std::stoll(std::string(GetValue(others->get(), 0, 1).value_or("0")));
     if (total > PQntuples(others->get())) {
-      info.other_tables.push_back(
-          fmt::format("and {} more", total - PQntuples(others->get())));
+      info.other_tables.push_back(fmt::format("and {} more", total - PQntuples(others->get())));
     }
   }
   return info;
@@ -146,9 +144,10 @@ std::vector<PublicationProblem> Problems(const PublicationInfo& pub, const Table
   if (!pub.exists) return out;
   const std::string p = QuoteIdent(publication);
   const std::string t = table_name.Quoted();
-  const std::string own = fmt::format("give the relay a publication of its own: {}; (and "
-                                      "--publication / OUTBOX_PUBLICATION)",
-                                      CreatePublicationSql("outbox_relay_own", table_name));
+  const std::string own = fmt::format(
+      "give the relay a publication of its own: {}; (and "
+      "--publication / OUTBOX_PUBLICATION)",
+      CreatePublicationSql("outbox_relay_own", table_name));
   if (pub.all_tables) {
     out.push_back({true,
                    "is FOR ALL TABLES: every table's changes are streamed to the relay, its own "
@@ -156,8 +155,10 @@ std::vector<PublicationProblem> Problems(const PublicationInfo& pub, const Table
                    "to it without end)",
                    own});
   } else if (!pub.includes_table) {
-    out.push_back({true, fmt::format("does not include {}: no row would arrive", table_name.ToString()),
-                   fmt::format("ALTER PUBLICATION {} ADD TABLE {};", p, t)});
+    out.push_back(
+        {true,
+         fmt::format("exists but does not include {}: no row would arrive", table_name.ToString()),
+         fmt::format("ALTER PUBLICATION {} ADD TABLE {};", p, t)});
   }
   if (!pub.insert) {
     out.push_back({true, "does not publish inserts: no row would arrive",
@@ -212,8 +213,8 @@ std::vector<PublicationProblem> Problems(const PublicationInfo& pub, const Table
   return out;
 }
 
-Status EnsurePublication(Connection& conn, std::string_view publication,
-                         const QualifiedName& table, const std::vector<std::string>& needed_columns) {
+Status EnsurePublication(Connection& conn, std::string_view publication, const QualifiedName& table,
+                         const std::vector<std::string>& needed_columns) {
   auto info = QueryPublication(conn, publication, table);
   if (!info) return std::unexpected(info.error());
   if (!info->exists) {

@@ -24,8 +24,8 @@ class ExactMarking : public RelayTest {
   // The uuids of the rows the table shows as published.
   std::set<std::string> MarkedUuids() {
     std::set<std::string> out;
-    for (const Row& r : db_->Query(fmt::format(
-             "SELECT uuid FROM {} WHERE offset_acked IS NOT NULL", QuoteIdent(name_)))) {
+    for (const Row& r : db_->Query(fmt::format("SELECT uuid FROM {} WHERE offset_acked IS NOT NULL",
+                                               QuoteIdent(name_)))) {
       out.insert(r[0].value_or(""));
     }
     return out;
@@ -49,8 +49,7 @@ TEST_F(ExactMarking, BackfillPageEndingInsideATransactionMarksOnlyWhatKafkaHas) 
   Ledger ledger;
   Writer writer(Workload(), &ledger, -1, 101);
   ASSERT_TRUE(writer.Transaction({.rows = 5600}));
-  RelayProcess& relay =
-      StartRelay({"--max-in-flight", "1", "--kafka-property", "linger.ms=0"});
+  RelayProcess& relay = StartRelay({"--max-in-flight", "1", "--kafka-property", "linger.ms=0"});
 
   // As soon as anything is marked, stop the relay dead and compare.
   auto deadline = std::chrono::steady_clock::now() + seconds(120);

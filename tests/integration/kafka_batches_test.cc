@@ -42,8 +42,8 @@ TEST_F(KafkaBatches, SmallRecordsOfATopicWithASmallLimitAreDeliveredNotDeadLette
     w.metadata_json = GoJsonObject(metadata);
     w.expected.topic = topic;
     w.expected.key = w.aggregate;
-    w.expected.value = fmt::format(R"({{"agg":"{}","seq":{},"pad":"{}"}})", w.aggregate, i,
-                                   std::string(40, 'p'));
+    w.expected.value =
+        fmt::format(R"({{"agg":"{}","seq":{},"pad":"{}"}})", w.aggregate, i, std::string(40, 'p'));
     w.expected.headers = ExpectedHeaders(w.uuid, metadata);
     auto r = writer.Query(fmt::format("INSERT INTO {} (uuid, payload, metadata) VALUES ($1, $2, "
                                       "$3) RETURNING transaction_id::text",

@@ -61,8 +61,8 @@ TEST_F(SetupChecks, SlotNameTakenInAnotherDatabaseIsRefusedNotWaitedFor) {
   const std::string db2 = name_ + "_db2";
   db_->Exec("DROP DATABASE IF EXISTS " + QuoteIdent(db2));
   db_->Exec("CREATE DATABASE " + QuoteIdent(db2));
-  std::string url2 = std::regex_replace(env_.database_url, std::regex("/[^/?]*($|\\?)"),
-                                        "/" + db2 + "$1");
+  std::string url2 =
+      std::regex_replace(env_.database_url, std::regex("/[^/?]*($|\\?)"), "/" + db2 + "$1");
   {
     Pg other(url2);
     other.Exec(OutboxTableDdl(name_));
@@ -137,11 +137,11 @@ TEST_F(SetupChecks, SecretsNeverReachTheLog) {
       {}, {{"OUTBOX_KAFKA_PROPERTIES", "linger.ms=5;sasl.password=ab;" + secret + ";acks=all"}});
   ExpectRefused(broken, "not key=value");
   EXPECT_EQ(RelayOutput(broken).find(secret), std::string::npos) << broken.LogTail();
-  RelayProcess& escaped = StartRelay(
-      {}, {{"OUTBOX_KAFKA_PROPERTIES",
-            "security.protocol=SASL_PLAINTEXT;sasl.mechanism=PLAIN;sasl.username=u;"
-            "sasl.password=ab\\;" +
-                secret}});
+  RelayProcess& escaped =
+      StartRelay({}, {{"OUTBOX_KAFKA_PROPERTIES",
+                       "security.protocol=SASL_PLAINTEXT;sasl.mechanism=PLAIN;sasl.username=u;"
+                       "sasl.password=ab\\;" +
+                           secret}});
   // librdkafka takes the value; the broker (no SASL listener) never answers
   // the handshake, so the relay waits for Kafka: it must not say the secret.
   ASSERT_TRUE(escaped.WaitForLog("connected to PostgreSQL", seconds(30))) << escaped.LogTail();
@@ -191,9 +191,10 @@ TEST_F(SetupChecks, OutboxTableRenamedWhileRunningStopsTheRelayNamingTheSetting)
   db_->Exec(fmt::format("ALTER TABLE {} RENAME TO {}; ALTER TABLE {} DROP COLUMN created_at",
                         QuoteIdent(name_), QuoteIdent(name_ + "_renamed"),
                         QuoteIdent(name_ + "_renamed")));
-  db_->Exec(fmt::format("INSERT INTO {} (uuid, payload, metadata) VALUES ('r', '{{}}', "
-                        "'{{\"Event-Type\":\"x.y\",\"Source-Service\":\"x\"}}')",
-                        QuoteIdent(name_ + "_renamed")));
+  db_->Exec(
+      fmt::format("INSERT INTO {} (uuid, payload, metadata) VALUES ('r', '{{}}', "
+                  "'{{\"Event-Type\":\"x.y\",\"Source-Service\":\"x\"}}')",
+                  QuoteIdent(name_ + "_renamed")));
   auto code = relay.Wait(seconds(30));
   ASSERT_TRUE(code.has_value()) << relay.LogTail();
   EXPECT_EQ(*code, 1) << relay.LogTail();
@@ -202,12 +203,12 @@ TEST_F(SetupChecks, OutboxTableRenamedWhileRunningStopsTheRelayNamingTheSetting)
 }
 
 TEST_F(SetupChecks, MissingCreatedAtColumnAndMalformedTableNameAreRefused) {
-  db_->Exec(fmt::format(
-      "CREATE TABLE {0} (offset_acked BIGINT, offset_consumed BIGSERIAL NOT NULL, "
-      "uuid VARCHAR(36) NOT NULL, payload JSON, metadata JSON, "
-      "transaction_id xid8 NOT NULL DEFAULT pg_current_xact_id(), "
-      "PRIMARY KEY (transaction_id, offset_consumed))",
-      QuoteIdent(name_)));
+  db_->Exec(
+      fmt::format("CREATE TABLE {0} (offset_acked BIGINT, offset_consumed BIGSERIAL NOT NULL, "
+                  "uuid VARCHAR(36) NOT NULL, payload JSON, metadata JSON, "
+                  "transaction_id xid8 NOT NULL DEFAULT pg_current_xact_id(), "
+                  "PRIMARY KEY (transaction_id, offset_consumed))",
+                  QuoteIdent(name_)));
   ExpectRefused(StartRelay(), "invalid setting --column-created-at (OUTBOX_COLUMN_CREATED_AT)");
   RelayProcess& without_lag = StartRelay({"--column-created-at", ""});
   EXPECT_TRUE(WaitStreaming(without_lag)) << without_lag.LogTail();
@@ -223,10 +224,10 @@ TEST_F(SetupChecks, ANewlineInARowCannotForgeALogLine) {
   // A poison row (a number where a string belongs) whose metadata carries a
   // line break and a fake log record.
   const std::string forged = "2026-01-01T00:00:00.000000Z error FORGED-" + NewUlid();
-  db_->Exec(fmt::format("INSERT INTO {} (uuid, payload, metadata) VALUES ($1, '{{}}', $2)",
-                        QuoteIdent(name_)),
-            {NewUlid(), "{\"Event-Type\":\"x.y\",\"Source-Service\":\"x\",\"Bad\\n" + forged +
-                            "\":1}"});
+  db_->Exec(
+      fmt::format("INSERT INTO {} (uuid, payload, metadata) VALUES ($1, '{{}}', $2)",
+                  QuoteIdent(name_)),
+      {NewUlid(), "{\"Event-Type\":\"x.y\",\"Source-Service\":\"x\",\"Bad\\n" + forged + "\":1}"});
   EXPECT_EQ(WaitAllAcked(seconds(30)), 0) << DescribeUnacked();
   std::this_thread::sleep_for(milliseconds(300));
   std::string log = relay.Log();

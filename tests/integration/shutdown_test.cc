@@ -53,8 +53,8 @@ class Shutdown : public RelayTest {
   }
 
   std::vector<std::string> Args(std::vector<std::string> extra = {}) {
-    extra.insert(extra.end(), {"--shutdown-timeout-ms", std::to_string(kShutdownMs),
-                               "--create-topics", "true"});
+    extra.insert(extra.end(),
+                 {"--shutdown-timeout-ms", std::to_string(kShutdownMs), "--create-topics", "true"});
     return extra;
   }
 
@@ -106,16 +106,14 @@ TEST_F(Shutdown, DuringTheBackfillWithKafkaUpAndDown) {
   RelayEnv env = {{"KAFKA_BROKERS", broker.brokers()}};
   // Kafka up: a stop in the middle of the backfill exits 0; nothing is lost.
   {
-    RelayProcess& relay = StartRelay(Args({"--max-in-flight", "200"}),
-                                     env);
+    RelayProcess& relay = StartRelay(Args({"--max-in-flight", "200"}), env);
     ASSERT_TRUE(relay.WaitForLog("backfill: publishing", seconds(30))) << relay.LogTail();
     std::this_thread::sleep_for(milliseconds(500));
     ExpectBounded("in the backfill (Kafka up)", relay, 0);
   }
   // Kafka down: held back by --max-in-flight in the middle of the backfill.
   {
-    RelayProcess& relay = StartRelay(Args({"--max-in-flight", "200"}),
-                                     env);
+    RelayProcess& relay = StartRelay(Args({"--max-in-flight", "200"}), env);
     ASSERT_TRUE(relay.WaitForLog("backfill: publishing", seconds(30))) << relay.LogTail();
     broker.Stop(/*kill=*/true);
     std::this_thread::sleep_for(seconds(2));
@@ -193,8 +191,8 @@ TEST_F(Shutdown, RefusedRecordWhileTheProducerQueueIsFullIsDeadLetteredThenStops
     w.expected.key = w.aggregate;
     w.expected.value = fmt::format(R"({{"agg":"{}","seq":{}}})", w.aggregate, i);
     w.expected.headers = ExpectedHeaders(w.uuid, metadata);
-    std::string payload = i == 20 ? R"({"pad":")" + std::string(30000, 'b') + R"("})"
-                                  : *w.expected.value;
+    std::string payload =
+        i == 20 ? R"({"pad":")" + std::string(30000, 'b') + R"("})" : *w.expected.value;
     auto r = writer.Query(fmt::format("INSERT INTO {} (uuid, payload, metadata) VALUES ($1, $2, "
                                       "$3) RETURNING transaction_id::text",
                                       QuoteIdent(name_)),

@@ -102,7 +102,7 @@ class Relay {
   // once, never replaced); the HTTP threads read `stats_`, `metrics_`,
   // `counted_` and `tracker_` only.
   RelayConfig config_;
-  RelayStats stats_;  // atomics: any thread
+  RelayStats stats_;          // atomics: any thread
   metrics::Metrics metrics_;  // thread-safe
   std::unique_ptr<Sampler> sampler_;
   std::mutex refresh_mu_;  // RefreshMetrics (HTTP threads)

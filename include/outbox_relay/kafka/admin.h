@@ -33,9 +33,8 @@ using MetadataHandle = CHandle<const rd_kafka_metadata_t, rd_kafka_metadata_dest
 // Creates topic `name`. Ok when it was created or already existed;
 // kTransient when the brokers did not answer in time; otherwise the broker's
 // reason (kInvalidArgument, kPermission).
-Status CreateTopic(rd_kafka_t* rk, const std::string& name, int partitions,
-                   int replication_factor, std::chrono::milliseconds timeout,
-                   const std::atomic<bool>* cancel = nullptr);
+Status CreateTopic(rd_kafka_t* rk, const std::string& name, int partitions, int replication_factor,
+                   std::chrono::milliseconds timeout, const std::atomic<bool>* cancel = nullptr);
 
 // The topic's effective max.message.bytes: the largest record batch the
 // broker accepts for it. nullopt when the topic does not exist (yet).

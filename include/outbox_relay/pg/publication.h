@@ -47,12 +47,12 @@ struct PublicationInfo {
   bool exists = false;
   bool all_tables = false;
   bool insert = false, update = false, del = false, truncate = false;
-  bool via_root = false;                      // publish_via_partition_root
-  bool includes_table = false;                // directly, or through its schema (15+)
-  std::optional<std::string> row_filter;      // 15+: the table's WHERE clause
-  std::optional<std::string> column_list;     // 15+: "{a,b}" when not all columns
+  bool via_root = false;                       // publish_via_partition_root
+  bool includes_table = false;                 // directly, or through its schema (15+)
+  std::optional<std::string> row_filter;       // 15+: the table's WHERE clause
+  std::optional<std::string> column_list;      // 15+: "{a,b}" when not all columns
   std::vector<std::string> published_columns;  // of column_list
-  std::vector<std::string> other_tables;      // schema.table, other than the outbox table
+  std::vector<std::string> other_tables;       // schema.table, other than the outbox table
 };
 
 Result<PublicationInfo> QueryPublication(Connection& conn, std::string_view publication,
@@ -79,7 +79,7 @@ std::string CreatePublicationSql(std::string_view publication, const QualifiedNa
 // with the SQL to run); then refuses a publication the relay cannot serve
 // exactly (kInvalidArgument naming --publication and the fix) and logs the
 // warnings.
-Status EnsurePublication(Connection& conn, std::string_view publication,
-                         const QualifiedName& table, const std::vector<std::string>& needed_columns);
+Status EnsurePublication(Connection& conn, std::string_view publication, const QualifiedName& table,
+                         const std::vector<std::string>& needed_columns);
 
 }  // namespace outbox_relay::pg

@@ -55,14 +55,14 @@ struct RowRange {
 // address is stable while the transaction is in flight and is what each
 // produced message carries as its delivery opaque.
 struct Transaction {
-  uint64_t seq = 0;                       // position in stream order
-  Lsn final_lsn;                          // Begin.final_lsn: the commit record's LSN
-  Lsn end_lsn;                            // Commit.end_lsn, set by Commit()
-  PgTimestamp commit_time;                // from Begin
-  uint32_t xid = 0;                       // 32-bit xid from Begin
-  std::vector<RowRange> row_ranges;       // primary keys of its produced rows, for marking
-  uint64_t rows = 0;                      // rows produced (incl. dead letters)
-  bool abandoned = false;  // stream broke before its Commit: never confirms, never marked
+  uint64_t seq = 0;                  // position in stream order
+  Lsn final_lsn;                     // Begin.final_lsn: the commit record's LSN
+  Lsn end_lsn;                       // Commit.end_lsn, set by Commit()
+  PgTimestamp commit_time;           // from Begin
+  uint32_t xid = 0;                  // 32-bit xid from Begin
+  std::vector<RowRange> row_ranges;  // primary keys of its produced rows, for marking
+  uint64_t rows = 0;                 // rows produced (incl. dead letters)
+  bool abandoned = false;            // stream broke before its Commit: never confirms, never marked
 
   // 1 for the open transaction (released by Commit/Abandon) + 1 per message
   // not yet acknowledged. The thread that brings it to 0 completes it.

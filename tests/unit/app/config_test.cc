@@ -1,12 +1,12 @@
 // RelayConfig: the Kafka property list and its secrets.
+#include "outbox_relay/app/config.h"
+
 #include <gtest/gtest.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <string>
 #include <vector>
-
-#include "outbox_relay/app/config.h"
 
 namespace outbox_relay::app {
 namespace {

@@ -248,8 +248,8 @@ TEST_F(RecordMapperTest, EmptyAggregateIdMeansTheEmptyKeyAndKeepsTheEmptyHeader)
 TEST_F(RecordMapperTest, WithoutAggregateIdThePartitionKeyInTheMetadataIsTheKey) {
   RecordMapper mapper = Mapper();
   Row row;
-  row.metadata = Text(
-      R"({"Event-Type":"review.created","Source-Service":"review","partition_key":"p-3"})");
+  row.metadata =
+      Text(R"({"Event-Type":"review.created","Source-Service":"review","partition_key":"p-3"})");
   const KafkaRecord& r = MustMap(mapper, row);
   EXPECT_EQ(r.key, "p-3");
   EXPECT_THAT(Copy(r.headers),

@@ -168,8 +168,8 @@ TEST(AckTracker, RowsAreRecordedAsRunsOfConsecutiveOffsetsPerTransactionId) {
            {5, 10}, {5, 11}, {5, 12}, {5, 14}, {6, 15}, {6, 16}, {5, 17}}) {
     AckTracker::NoteRow(tx, id, off);
   }
-  EXPECT_EQ(tx->row_ranges, (std::vector<RowRange>{
-                                {5, 10, 12}, {5, 14, 14}, {6, 15, 16}, {5, 17, 17}}));
+  EXPECT_EQ(tx->row_ranges,
+            (std::vector<RowRange>{{5, 10, 12}, {5, 14, 14}, {6, 15, 16}, {5, 17, 17}}));
   EXPECT_EQ(AckTracker::TransactionIds(*tx), (std::vector<uint64_t>{5, 6}));
   t.Commit(tx, Lsn(100));
 }
