@@ -1415,7 +1415,9 @@ END $$;
             met = True
             if b:
                 limits.append(f"< {b['sessions_total']:.0f}/3 = {b['sessions_total'] / 3:.0f} "
-                              f"(relay at {base.get('commit')})")
+                              f"(relay at {base.get('commit')}, measured at "
+                              f"{b.get('inserts_per_s') or 0:.0f} inserts/s; this run "
+                              f"{relay.get('inserts_per_s') or 0:.0f})")
                 met = met and relay["sessions_total"] < b["sessions_total"] / 3
             else:
                 limits.append("< 1/3 of the 3982f78 figure (no baseline file: not judged)")
