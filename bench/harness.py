@@ -100,6 +100,55 @@ def free_port():
         return s.getsockname()[1]
 
 
+def children_cpu(parent):
+    """{pid: cpu seconds} of the live children of `parent` (the postmaster's: every backend,
+    walsender and background process of the cluster)."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[1]) == parent:
+                out[int(name)] = (int(fields[11]) + int(fields[12])) / CLK_TCK
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def client_ports(pid, server_port):
+    """Local ports of the TCP connections process `pid` holds to 127.0.0.1:`server_port`: how
+    the harness finds a contender's PostgreSQL sessions whatever it calls them (the Java and Go
+    peers name their sessions differently from the relay, and some not at all)."""
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:
+        return set()
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    parts = line.split()
+                    if len(parts) < 10 or parts[9] not in inodes:
+                        continue
+                    remote_port = int(parts[2].rsplit(":", 1)[1], 16)
+                    if remote_port == server_port:
+                        ports.add(int(parts[1].rsplit(":", 1)[1], 16))
+        except OSError:
+            continue
+    return ports
+
+
 # --------------------------------------------------------------------------------------------
 # PostgreSQL through psql (psycopg is not a dependency): one long-lived psql for sampling,
 # so polling costs one query on an open connection, not a process and a connection each time.
@@ -267,7 +316,55 @@ def percentile(sorted_values, q):
 CDF_QUANTILES = ([i / 100 for i in range(1, 100)] + [0.99 + i / 1000 for i in range(1, 10)]
                  + [0.9995, 0.9999, 1.0])
 
-DRAIN_CONTENDERS = ["pg_recvlogical", "relay-null", "relay-kafka", "relay-kafka-nomark"]
+# In this order: the Watermill forwarder reads the table, so it runs before relay-kafka's
+# marking rewrites every row (autovacuum is off for the table); the WAL readers do not care.
+DRAIN_CONTENDERS = ["pg_recvlogical", "relay-null", "watermill", "relay-kafka",
+                    "relay-kafka-nomark", "debezium"]
+PEERS = ("watermill", "debezium")
+# The record header that carries the row's uuid: watermill-kafka's UUID header (the relay writes
+# the same), and the outbox event router's event id header for Debezium.
+UUID_HEADER = {"relay": "_watermill_message_uuid", "watermill": "_watermill_message_uuid",
+               "debezium": "id"}
+# Issue 13's targets 1 and 4 are stated at these two live rates.
+TARGET_RATES = ("500/s", "50%")
+
+
+def contender_kind(name):
+    """relay | watermill | debezium | pg_recvlogical, from a contender name."""
+    for kind in ("relay", "watermill", "debezium"):
+        if name == kind or name.startswith(kind + "-"):
+            return kind
+    return name
+
+
+def parse_duration_ms(text):
+    """'10ms', '500ms', '1s' -> milliseconds."""
+    m = re.fullmatch(r"([0-9.]+)(ms|s)", text)
+    if not m:
+        raise ValueError(f"bad duration {text!r} (e.g. 10ms, 1s)")
+    return float(m.group(1)) * (1 if m.group(2) == "ms" else 1000)
+
+
+def parse_rates(text):
+    """'500/s,25,50' -> ['500/s', '25%', '50%'] (a bare number is a percentage of capacity)."""
+    out = []
+    for x in text.split(","):
+        x = x.strip()
+        if not x:
+            continue
+        if x.endswith("/s"):
+            int(x[:-2])
+            out.append(x)
+        else:
+            int(x.rstrip("%"))
+            out.append(x.rstrip("%") + "%")
+    return out
+
+
+def rate_inserts(label, capacity):
+    if label.endswith("/s"):
+        return int(label[:-2])
+    return max(1, int(capacity * int(label[:-1]) / 100))
 
 
 class Harness:
@@ -286,11 +383,28 @@ class Harness:
         self.out = args.out or os.path.join(HERE, "results", self.run_id)
         os.makedirs(self.out, exist_ok=True)
         self.publication = "bench_outbox"
+        # Debezium gets a publication of its own (same definition), as in a real deployment
+        # next to the relay; every contender has its own slot.
+        self.debezium_publication = "bench_debezium"
+        self.pg_port = int(re.search(r":(\d+)/", self.db).group(1))
+        self.peers = [p for p in args.peers.split(",") if p]
+        self.watermill_bin = os.environ.get("OUTBOX_BENCH_WATERMILL_BIN", "")
+        self.debezium_cp = os.environ.get("OUTBOX_BENCH_DEBEZIUM_CP", "")
+        self.debezium_java_opts = os.environ.get(
+            "OUTBOX_BENCH_DEBEZIUM_JAVA_OPTS", "-Xmx1g").split()
+        for peer in self.peers:
+            if peer not in PEERS:
+                raise BenchError(f"unknown peer {peer} (watermill, debezium)")
+            if peer == "watermill" and not os.access(self.watermill_bin, os.X_OK):
+                raise BenchError("OUTBOX_BENCH_WATERMILL_BIN is not set (bench/peers/build)")
+            if peer == "debezium" and not self.debezium_cp:
+                raise BenchError("OUTBOX_BENCH_DEBEZIUM_CP is not set (bench/peers/build)")
         self.sql = Psql(self.db, self.pg_bin)
         self.result = {
             "run_id": self.run_id,
             "started_at": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
             "mode": "quick" if args.quick else "full",
+            "drain_row": args.row,
             "machine": self.machine(),
             "targets": {},
         }
@@ -362,14 +476,19 @@ class Harness:
             text = f.read().replace("\\ir ../../sql/outbox.sql",
                                     open(os.path.join(REPO, "sql", "outbox.sql")).read())
         self.sql.run_script("SET client_min_messages = warning;\n" + text)
-        self.sql.run_script(
-            "SET client_min_messages = warning;\n"
-            f"DROP PUBLICATION IF EXISTS {self.publication};\n"
-            f"CREATE PUBLICATION {self.publication} FOR TABLE public.outbox "
-            "WITH (publish = 'insert');\n")
+        for pub in (self.publication, self.debezium_publication):
+            self.sql.run_script(
+                "SET client_min_messages = warning;\n"
+                f"DROP PUBLICATION IF EXISTS {pub};\n"
+                f"CREATE PUBLICATION {pub} FOR TABLE public.outbox "
+                "WITH (publish = 'insert');\n")
+        if self.sql.value("SHOW track_commit_timestamp") != "on":
+            raise BenchError("track_commit_timestamp is off: the live latency needs the commit "
+                             "time of every row (bench/run turns it on in its own cluster)")
         settings = {}
         for name in ["server_version", "shared_buffers", "synchronous_commit", "fsync",
-                     "wal_level", "logical_decoding_work_mem", "max_wal_size"]:
+                     "wal_level", "logical_decoding_work_mem", "max_wal_size",
+                     "track_commit_timestamp"]:
             settings[name] = self.sql.value(f"SHOW {name}")
         self.result["postgres"] = settings
         self.postmaster = proc_ppid(int(self.sql.value("SELECT pg_backend_pid()")))
@@ -390,6 +509,9 @@ class Harness:
         exists = self.sql.value("SELECT to_regclass('outbox_relay.commits') IS NOT NULL")
         if exists == "t":
             self.sql.query("TRUNCATE outbox_relay.commits, outbox_relay.state")
+        # The Watermill forwarder's offsets table (its consumer groups are unique per run).
+        if self.sql.value("SELECT to_regclass('watermill_offsets_outbox') IS NOT NULL") == "t":
+            self.sql.query("TRUNCATE watermill_offsets_outbox")
         self.sql.query("CHECKPOINT")
 
     def create_slot(self, name):
@@ -398,13 +520,14 @@ class Harness:
     def generate_backlog(self, transactions, rows_per_tx):
         """Commits `transactions` transactions of `rows_per_tx` rows (synchronous_commit=off:
         only the WAL matters here, not how fast it was written)."""
+        sfx = "_small" if self.args.row == "small" else ""
         body = f"""
 SET synchronous_commit = off;
 DO $$
 BEGIN
   FOR t IN 0..{transactions - 1} LOOP
     INSERT INTO outbox (uuid, payload, metadata)
-      SELECT gen_random_uuid()::text, bench_payload(n), bench_metadata(n)
+      SELECT gen_random_uuid()::text, bench_payload{sfx}(n), bench_metadata{sfx}(n)
       FROM generate_series(t::bigint * {rows_per_tx} + 1, (t::bigint + 1) * {rows_per_tx}) AS n;
     COMMIT;
   END LOOP;
@@ -455,27 +578,74 @@ END $$;
         logf.close()
         return p, port
 
-    def stop_relay(self, p):
+    def stop_relay(self, p, what="relay"):
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
             try:
                 p.wait(timeout=40)
             except subprocess.TimeoutExpired:
-                log("relay did not stop within 40 s of SIGTERM: killing it")
+                log(f"{what} did not stop within 40 s of SIGTERM: killing it")
                 p.kill()
                 p.wait()
         return p.returncode
-
-    def relay_backends(self):
-        """Backends of the relay's normal connections (application_name outbox-relay*: marker, metrics sampler)."""
-        return [int(r[0]) for r in self.sql.query(
-            "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'outbox-relay%' "
-            "AND backend_type = 'client backend'")]
 
     def walsender_pid(self, slot):
         v = self.sql.value(
             f"SELECT active_pid FROM pg_replication_slots WHERE slot_name = '{slot}'")
         return int(v) if v else None
+
+    def pg_sessions(self, pid):
+        """{backend pid: role} of the PostgreSQL sessions process `pid` holds (by the client
+        ports of its sockets): 'walsender' for a replication connection, else the session's
+        application_name (outbox-relay-marker, outbox-relay-metrics, watermill-forwarder, ...)."""
+        ports = client_ports(pid, self.pg_port)
+        if not ports:
+            return {}
+        rows = self.sql.query(
+            "SELECT pid, backend_type, coalesce(nullif(application_name, ''), 'unnamed') "
+            "FROM pg_stat_activity WHERE client_addr = '127.0.0.1' AND client_port IN ("
+            + ",".join(str(x) for x in sorted(ports)) + ")")
+        return {int(r[0]): ("walsender" if r[1] == "walsender" else r[2]) for r in rows}
+
+    # ---- the peers -------------------------------------------------------------------------
+
+    def start_peer(self, contender, slot, topic, logname, poll_ms=None, group=None):
+        """Starts the Watermill forwarder or the Debezium peer; returns (Popen, metrics port).
+        `topic` is the one Kafka topic the bench's rows go to (<base>.review)."""
+        port = free_port()
+        kind = contender_kind(contender)
+        if kind == "watermill":
+            cmd = [self.watermill_bin, "-database-url", self.db, "-kafka-brokers", self.brokers,
+                   "-consumer-group", f"bench-{self.run_id}-{group or 'forwarder'}",
+                   "-topic-prefix", topic.rsplit(".", 1)[0],
+                   "-metrics-addr", f"127.0.0.1:{port}"]
+            if poll_ms is not None:
+                cmd += ["-poll-interval", f"{poll_ms:g}ms"]
+        elif kind == "debezium":
+            cmd = ["java", *self.debezium_java_opts,
+                   "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+                   "-cp", self.debezium_cp, "outboxrelay.bench.DebeziumPeer",
+                   "--database-url", self.db, "--kafka-brokers", self.brokers,
+                   "--slot", slot, "--publication", self.debezium_publication,
+                   "--topic", topic, "--metrics-addr", f"127.0.0.1:{port}"]
+            # The harness's own end marker (pg_logical_emit_message, prefix 'bench') is not an
+            # outbox row: Debezium would forward it to a topic of its own.
+            cmd += ["--set", "message.prefix.exclude.list=bench"]
+            if poll_ms is not None:
+                cmd += ["--set", f"poll.interval.ms={poll_ms:g}"]
+        else:
+            raise BenchError(f"not a peer: {contender}")
+        logf = open(os.path.join(self.out, logname), "w")
+        p = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT)
+        logf.close()
+        return p, port
+
+    def watermill_acked(self, group):
+        """(transaction_id, offset) the Watermill consumer group has acknowledged, or None."""
+        rows = self.sql.query(
+            "SELECT last_processed_transaction_id::text, offset_acked "
+            f"FROM watermill_offsets_outbox WHERE consumer_group = 'bench-{self.run_id}-{group}'")
+        return (int(rows[0][0]), int(rows[0][1])) if rows else None
 
     # ---- phase: microbenchmarks ------------------------------------------------------------
 
@@ -509,7 +679,7 @@ END $$;
         self.result["micro"] = out
         dm = out["benchmarks"].get("BM_DecodeAndMapRow", {}).get("rows_per_s_median")
         self.result["targets"]["micro_decode_map_rows_per_s"] = {
-            "target": ">= 1,000,000 rows/s on one core", "value": dm,
+            "issue": 5, "target": ">= 1,000,000 rows/s on one core", "value": dm,
             "met": dm is not None and dm >= 1e6}
 
     # ---- phase: backlog drain --------------------------------------------------------------
@@ -539,7 +709,11 @@ END $$;
         rows = size["tx"] * size["rows_per_tx"]
         log(f"drain {size['name']}: {size['label']}, {rows:,} rows")
         self.reset_table()
-        slots = {c: f"bench_{size['name']}_{c.replace('-', '_')}" for c in size["contenders"]}
+        contenders = [c for c in size["contenders"]
+                      if contender_kind(c) not in PEERS or contender_kind(c) in self.peers]
+        # One slot per WAL reader (the Watermill forwarder reads the table).
+        slots = {c: f"bench_{size['name']}_{c.replace('-', '_')}" for c in contenders
+                 if contender_kind(c) != "watermill"}
         for slot in slots.values():
             self.create_slot(slot)  # before the load: every contender reads the same WAL
         start_lsn = lsn_int(self.sql.value("SELECT pg_current_wal_lsn()"))
@@ -551,6 +725,15 @@ END $$;
         count = int(self.sql.value("SELECT count(*) FROM outbox"))
         if count != rows:
             raise BenchError(f"backlog has {count} rows, expected {rows}")
+        # (the alias: ORDER BY transaction_id must mean the xid8 column, not its text)
+        # The Watermill forwarder drains the first --peer-drain-rows rows of the backlog (its
+        # rate is one Kafka round trip per message, steady over a backlog: the whole of it
+        # would take most of the run): its clock stops when its offsets row reaches that row.
+        peer_rows = min(rows, self.args.peer_drain_rows) if self.args.peer_drain_rows else rows
+        last = self.sql.query("SELECT transaction_id::text AS xid, offset_consumed FROM outbox "
+                              "ORDER BY transaction_id, offset_consumed "
+                              f"OFFSET {peer_rows - 1} LIMIT 1")[0]
+        peer_last_row = (int(last[0]), int(last[1]))
         entry = {"label": size["label"], "rows": rows, "transactions": size["tx"],
                  "rows_per_transaction": size["rows_per_tx"],
                  "wal_bytes": end_lsn - start_lsn, "generate_seconds": round(gen_s, 2),
@@ -558,13 +741,13 @@ END $$;
                  "contenders": {}}
         log(f"  backlog: {entry['wal_bytes'] / 2**20:.0f} MiB of WAL in {gen_s:.1f} s")
         self.result["drain"][size["name"]] = entry
-        for contender in size["contenders"]:
+        for contender in contenders:
             self.note_load(f"drain {size['name']} {contender}")
             if contender == "pg_recvlogical":
                 r = self.drain_recvlogical(slots[contender], start_lsn, end_lsn, rows)
             else:
-                r = self.drain_relay(size["name"], contender, slots[contender], start_lsn,
-                                     end_lsn, rows)
+                r = self.drain_client(size["name"], contender, slots.get(contender), start_lsn,
+                                      end_lsn, rows, peer_rows, peer_last_row)
             entry["contenders"][contender] = r
             log(f"  {contender:20s} {r['events_per_s']:>10,.0f} events/s  "
                 f"wall {r['wall_seconds']:.2f} s  cpu {r.get('client_cpu_seconds', 0):.2f} s  "
@@ -575,6 +758,8 @@ END $$;
         for name, r in entry["contenders"].items():
             if base and name != "pg_recvlogical":
                 r["ratio_to_pg_recvlogical"] = r["events_per_s"] / base
+                if r.get("events_per_s_to_kafka"):
+                    r["ratio_to_pg_recvlogical_to_kafka"] = r["events_per_s_to_kafka"] / base
         on = entry["contenders"].get("relay-kafka", {}).get("events_per_s")
         off = entry["contenders"].get("relay-kafka-nomark", {}).get("events_per_s")
         if on and off:
@@ -654,109 +839,162 @@ END $$;
                            "events": [round(e) for _, e in series],
                            "source": "walsender sent_lsn, scaled to rows"}}
 
-    def drain_relay(self, size_name, contender, slot, start_lsn, end_lsn, rows):
+    def drain_client(self, size_name, contender, slot, start_lsn, end_lsn, rows, peer_rows,
+                     peer_last_row):
+        """One contender other than pg_recvlogical draining the backlog, from process start.
+
+        The clock stops when the contender's own progress covers the whole backlog:
+        relay     its confirmed LSN (outbox_relay_confirmed_lsn) >= the end LSN: every row is
+                  in Kafka *and* marked, the slot confirmed (the confirmation rule);
+        watermill its consumer group's offsets row reaches row `peer_rows` of the backlog in
+                  (transaction_id, offset) order (watermill-sql acks a polled batch in the
+                  database after Kafka acknowledged each message); figures are per those rows;
+        debezium  every row acknowledged by Kafka (it confirms the slot only on its periodic
+                  offset flush, offset.flush.interval.ms, and never touches the table).
+        The time at which every row was in Kafka is recorded for all of them ("to Kafka")."""
+        kind = contender_kind(contender)
+        if kind == "watermill":
+            rows = peer_rows
         sink = "null" if contender == "relay-null" else "kafka"
         mark = contender == "relay-kafka"
         topic_base = f"{self.topic_prefix}{size_name}.{contender}"
         if sink == "kafka":
             # Topics exist before the clock starts: the run measures draining, not the
-            # broker's topic auto-creation (both topics the template can produce).
+            # broker's topic auto-creation.
             self.create_topic(f"{topic_base}.review")
-        extra = []
+        logname = f"{kind}-{size_name}-{contender}.log".replace(f"{kind}-{kind}", kind)
         profile_proc = None
         busy0 = machine_busy_cpu()
         t0 = time.time()
-        p, port = self.start_relay(slot, topic_base + ".{Event-Type:aggregate}", sink, mark,
-                                   f"relay-{size_name}-{contender}.log", extra)
-        if self.args.profile and size_name in self.args.profile.split(","):
+        if kind == "relay":
+            p, port = self.start_relay(slot, topic_base + ".{Event-Type:aggregate}", sink, mark,
+                                       logname)
+        else:
+            p, port = self.start_peer(contender, slot, f"{topic_base}.review", logname,
+                                      group=size_name)
+        if self.args.profile and size_name in self.args.profile.split(",") and kind == "relay":
             profile_proc = subprocess.Popen(
                 ["perf", "record", "-F", "499", "--call-graph", "dwarf,16384", "-o",
                  os.path.join(self.out, f"perf-{size_name}-{contender}.data"), "-p", str(p.pid)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         series = []
         ws_pid, ws_cpu = None, 0.0
-        db_pids = {}  # the relay's own database sessions (marker, sampler): pid -> cpu
+        db_pids = {}  # the contender's own (non-replication) database sessions: pid -> [role, cpu]
         kafka_pid = self.kafka_pid()
         kafka_cpu0 = proc_cpu(kafka_pid) if kafka_pid and sink == "kafka" else None
         first_event_t = None
+        kafka_t = None
         done_t = None
         tick = 0
-        metrics = None
+        delivered = 0
         try:
             while True:
                 if p.poll() is not None:
-                    raise BenchError(f"relay exited with {p.returncode} during the drain "
-                                     f"(see relay-{size_name}-{contender}.log)")
+                    raise BenchError(f"{contender} exited with {p.returncode} during the drain "
+                                     f"(see {logname})")
                 m = scrape(port)
                 now = time.time()
                 if m is not None:
-                    metrics = m
                     delivered = metric_sum(m, "events_published_total")
-                    confirmed = metric_one(m, "outbox_relay_confirmed_lsn") or 0
                     if delivered > 0 and first_event_t is None:
                         first_event_t = now - t0
+                    if delivered >= rows and kafka_t is None and sink == "kafka":
+                        kafka_t = now
                     series.append((now - t0, delivered))
-                    if int(confirmed) >= end_lsn:
+                    if kind == "relay":
+                        done = int(metric_one(m, "outbox_relay_confirmed_lsn") or 0) >= end_lsn
+                    elif kind == "watermill":
+                        done = delivered >= rows and (
+                            self.watermill_acked(size_name) or (0, 0)) >= peer_last_row
+                    else:
+                        done = delivered >= rows
+                    if done:
                         done_t = now
                         break
-                if ws_pid is None and tick % 4 == 0:
+                if ws_pid is None and slot and tick % 4 == 0:
                     ws_pid = self.walsender_pid(slot)
                 if tick % 8 == 0:
-                    for pid in self.relay_backends():
-                        db_pids.setdefault(pid, 0.0)
-                for pid in db_pids:
+                    for pid, role in self.pg_sessions(p.pid).items():
+                        if role != "walsender":
+                            db_pids.setdefault(pid, [role, 0.0])
+                for pid, entry in db_pids.items():
                     c = proc_cpu(pid)
                     if c is not None:
-                        db_pids[pid] = c
+                        entry[1] = c
                 if ws_pid is not None:
                     c = proc_cpu(ws_pid)
                     if c is not None:
                         ws_cpu = c
                 if now - t0 > self.args.drain_timeout:
-                    raise BenchError(f"relay did not confirm {lsn_text(end_lsn)} within "
+                    raise BenchError(f"{contender} did not drain {rows:,} rows within "
                                      f"{self.args.drain_timeout} s")
                 tick += 1
                 time.sleep(0.025)
             wall = done_t - t0
-            relay_cpu = proc_cpu(p.pid)
+            # The relay's counter can trail its confirmed LSN by a scrape: read it once more.
+            settle = time.time() + 3
+            while delivered < rows and time.time() < settle:
+                time.sleep(0.05)
+                delivered = metric_sum(scrape(port) or {}, "events_published_total") or delivered
+            client_cpu = proc_cpu(p.pid)
             hwm = proc_status_kb(p.pid, "VmHWM")
             rss = proc_status_kb(p.pid, "VmRSS")
             if ws_pid is not None:
                 ws_cpu = proc_cpu(ws_pid) or ws_cpu
-            for pid in list(db_pids):
+            for pid, entry in db_pids.items():
                 c = proc_cpu(pid)
                 if c is not None:
-                    db_pids[pid] = c
-            db_cpu = sum(db_pids.values())
+                    entry[1] = c
+            db_cpu = sum(e[1] for e in db_pids.values())
+            db_by_role = {}
+            for role, c in db_pids.values():
+                db_by_role[role] = db_by_role.get(role, 0.0) + c
             busy = machine_busy_cpu() - busy0
             kafka_cpu = (proc_cpu(kafka_pid) - kafka_cpu0) if kafka_cpu0 is not None else None
-            delivered = metric_sum(metrics, "events_published_total")
             series.append((wall, delivered))
         finally:
             if profile_proc is not None:
                 profile_proc.send_signal(signal.SIGINT)
                 profile_proc.wait(timeout=60)
-            rc = self.stop_relay(p)
-        if rc != 0:
-            raise BenchError(f"relay exited {rc} after SIGTERM (see relay-{size_name}-{contender}.log)")
+            rc = self.stop_relay(p, contender)
+        if rc != 0 and kind != "debezium":
+            raise BenchError(f"{contender} exited {rc} after SIGTERM (see {logname})")
         if delivered < rows:
             raise BenchError(f"{contender}: {delivered} events delivered, expected {rows}")
-        r = {"wall_seconds": wall, "events_per_s": rows / wall,
+        r = {"wall_seconds": wall, "events_per_s": rows / wall, "rows_measured": rows,
+             "done_when": {"relay": "confirmed LSN >= end (in Kafka and marked)",
+                           "watermill": "offsets row at the last row (in Kafka, acked)",
+                           "debezium": "every row acknowledged by Kafka"}[kind],
              "startup_seconds": first_event_t,
              "events_per_s_after_first_event":
                  rows / (wall - first_event_t) if first_event_t and wall > first_event_t else None,
              "delivered": delivered,
-             "relay_cpu_seconds": relay_cpu, "client_cpu_seconds": relay_cpu,
-             "relay_cpu_s_per_million": relay_cpu / rows * 1e6,
+             "client_cpu_seconds": client_cpu,
+             "client_cpu_s_per_million": client_cpu / rows * 1e6,
              "walsender_cpu_seconds": ws_cpu,
              "walsender_cpu_s_per_million": ws_cpu / rows * 1e6,
              "peak_rss_kb": hwm, "rss_at_end_kb": rss,
              "sink": sink, "mark": mark,
              "series": {"t": [round(t, 3) for t, _ in series],
                         "events": [round(e) for _, e in series],
-                        "source": "relay events_published_total (delivered)"}}
+                        "source": "events_published_total (acknowledged by Kafka)"}}
+        if kind == "relay":
+            r["relay_cpu_seconds"] = client_cpu
+            r["relay_cpu_s_per_million"] = client_cpu / rows * 1e6
+        if kafka_t is not None:
+            r["kafka_wall_seconds"] = kafka_t - t0
+            r["events_per_s_to_kafka"] = rows / (kafka_t - t0)
+            # The rate over the second half of the rows (to Kafka): the steady state, past
+            # start-up and, for the JVM, most of the JIT's warm-up.
+            half = next((t for t, e in series if e >= rows / 2), None)
+            if half is not None and kafka_t - t0 > half:
+                r["events_per_s_second_half"] = (rows - rows / 2) / (kafka_t - t0 - half)
         r["machine_busy_cpu_seconds"] = busy
-        r["foreign_cpu_seconds"] = max(0.0, busy - relay_cpu - ws_cpu - db_cpu - (kafka_cpu or 0))
+        r["foreign_cpu_seconds"] = max(0.0, busy - client_cpu - ws_cpu - db_cpu - (kafka_cpu or 0))
+        r["db_sessions_cpu_seconds"] = db_cpu
+        r["db_sessions_cpu_s_per_million"] = db_cpu / rows * 1e6
+        r["db_sessions_cpu_seconds_by_role"] = db_by_role
+        # Older name of the same figure (the relay's marker and sampler sessions).
         r["relay_db_sessions_cpu_seconds"] = db_cpu
         r["relay_db_sessions_cpu_s_per_million"] = db_cpu / rows * 1e6
         if kafka_cpu is not None:
@@ -805,12 +1043,16 @@ END $$;
             m = re.search(r"tps = ([0-9.]+)", out)
         return float(m.group(1)) if m else None
 
+    def live_peers(self):
+        return [c for c in self.args.live_peers.split(",")
+                if c and contender_kind(c) in self.peers]
+
     def phase_live(self):
         a = self.args
         log("live load")
         self.note_load("live capacity")
         self.reset_table()
-        # What this machine sustains: pgbench flat out, synchronous_commit=on, no relay.
+        # What this machine sustains: pgbench flat out, synchronous_commit=on, no contender.
         p = self.pgbench(a.capacity_seconds)
         out, err = p.communicate()
         if p.returncode != 0:
@@ -820,21 +1062,96 @@ END $$;
             f"synchronous_commit=on, {a.clients} clients)")
         with open(os.path.join(self.out, "pgbench-capacity.txt"), "w") as f:
             f.write(out + err)
+        live = {"capacity_inserts_per_s": capacity, "clients": a.clients,
+                "seconds_per_rate": a.live_seconds, "peer_seconds_per_rate": a.peer_live_seconds,
+                "contenders": {}}
+        self.result["live"] = live
+        plan = [("relay", a.rates, a.live_seconds)]
+        plan += [(c, a.peer_rates, a.peer_live_seconds) for c in self.live_peers()]
+        for name, rates, seconds in plan:
+            self.note_load(f"live {name}")
+            try:
+                live["contenders"][name] = self.live_contender(name, rates, seconds, capacity)
+            except BenchError as e:
+                if name == "relay":
+                    raise
+                log(f"  {name} failed: {e}")
+                live["contenders"][name] = {"error": str(e), "rates": {}}
+        relay = live["contenders"].get("relay", {})
+        # The relay's figures where earlier runs kept them (plot.py, comparisons).
+        for key in ("rates", "samples", "records_consumed", "duplicates",
+                    "records_without_commit_row"):
+            if key in relay:
+                live[key] = relay[key]
+
+    def live_snapshot(self, pid):
+        """CPU counters at one instant: the contender, its PostgreSQL sessions (by role), every
+        PostgreSQL process, the broker, the machine."""
+        kpid = self.kafka_pid()
+        sessions = {}
+        for bpid, role in self.pg_sessions(pid).items():
+            c = proc_cpu(bpid)
+            if c is not None:
+                sessions[bpid] = (role, c)
+        return {"t": time.time(), "client": proc_cpu(pid), "sessions": sessions,
+                "pg_children": children_cpu(self.postmaster),
+                "pg_reaped": proc_children_cpu(self.postmaster),
+                "pg_postmaster": proc_cpu(self.postmaster),
+                "kafka": proc_cpu(kpid) if kpid else None, "busy": machine_busy_cpu()}
+
+    @staticmethod
+    def live_cost(s0, s1):
+        """CPU seconds spent between two snapshots. PostgreSQL's total counts every process of
+        the cluster, including backends that came and went in between (pgbench's: they are in
+        the postmaster's reaped-children time)."""
+        by_role = {}
+        for bpid, (role, c1) in s1["sessions"].items():
+            c0 = s0["sessions"].get(bpid, (role, 0.0))[1]
+            by_role[role] = by_role.get(role, 0.0) + max(0.0, c1 - c0)
+        pg_total = (s1["pg_postmaster"] - s0["pg_postmaster"]) + (s1["pg_reaped"] - s0["pg_reaped"])
+        for bpid, c1 in s1["pg_children"].items():
+            pg_total += c1 - s0["pg_children"].get(bpid, 0.0)
+        for bpid, c0 in s0["pg_children"].items():
+            if bpid not in s1["pg_children"]:
+                pg_total -= c0  # died in between: its whole time is in the reaped delta
+        return {"client": (s1["client"] or 0) - (s0["client"] or 0),
+                "pg_sessions_by_role": by_role,
+                "pg_sessions": sum(by_role.values()),
+                "pg_total": pg_total,
+                "kafka_broker": (s1["kafka"] - s0["kafka"]) if s0["kafka"] is not None
+                and s1["kafka"] is not None else None,
+                "machine_busy": s1["busy"] - s0["busy"]}
+
+    def live_contender(self, name, rates, seconds, capacity):
+        """One contender streaming a live load: its own fresh table, slot and topic (created
+        with LogAppendTime), a warm-up that is not counted, then each rate for `seconds`,
+        waiting after each until the contender has caught up."""
+        a = self.args
+        kind = contender_kind(name)
+        poll_ms = parse_duration_ms(name.split("-", 1)[1]) if kind in PEERS and "-" in name \
+            else None
         self.reset_table()
-        slot = "bench_live"
-        self.create_slot(slot)
-        topic = f"{self.topic_prefix}live.review"
+        slot = None
+        if kind != "watermill":
+            slot = f"bench_live_{name.replace('-', '_')}"
+            self.create_slot(slot)
+        topic_base = f"{self.topic_prefix}live.{name}"
+        topic = f"{topic_base}.review"
         # The broker stamps each record with its append time: that is the ack time we use.
         self.create_topic(topic, "message.timestamp.type=LogAppendTime")
-        relay, port = self.start_relay(slot, self.topic_prefix + "live.{Event-Type:aggregate}",
-                                       "kafka", True, "relay-live.log")
-        live = {"capacity_inserts_per_s": capacity, "clients": a.clients,
-                "seconds_per_rate": a.live_seconds, "topic": topic, "rates": {}}
-        self.result["live"] = live
-        samples = []  # (t, retained_restart, retained_confirmed, delivered, relay_cpu)
+        logname = f"{kind}-live.log" if name == kind else f"{kind}-live-{name}.log"
+        if kind == "relay":
+            proc, port = self.start_relay(slot, topic_base + ".{Event-Type:aggregate}", "kafka",
+                                          True, logname)
+        else:
+            proc, port = self.start_peer(name, slot, topic, logname, poll_ms=poll_ms,
+                                         group=f"live-{name}")
+        log(f"  {name}: started (pid {proc.pid})")
+        entry = {"kind": kind, "poll_interval_ms": poll_ms, "seconds_per_rate": seconds,
+                 "topic": topic, "rates": {}}
+        samples = []  # (t, retained_restart, retained_confirmed, delivered)
         stop_sampling = threading.Event()
         t_origin = time.time()
-        relay_pid = relay.pid
 
         def sampler():
             while not stop_sampling.is_set():
@@ -842,119 +1159,157 @@ END $$;
                     row = self.sql.query(
                         "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, "
                         "pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint "
-                        f"FROM pg_replication_slots WHERE slot_name = '{slot}'")
+                        f"FROM pg_replication_slots WHERE slot_name = '{slot}'") if slot else []
                     m = scrape(port)
                     delivered = metric_sum(m, "events_published_total") if m else None
-                    if row:
-                        samples.append((time.time() - t_origin, int(row[0][0]), int(row[0][1]),
-                                        delivered, proc_cpu(relay_pid)))
+                    samples.append((time.time() - t_origin,
+                                    int(row[0][0]) if row else None,
+                                    int(row[0][1]) if row else None, delivered))
                 except Exception as e:  # sampling must not kill the run
                     log(f"  sampler: {e}")
                 stop_sampling.wait(0.5)
+
+        def delivered_now():
+            m = scrape(port)
+            return metric_sum(m, "events_published_total") if m else None
+
+        def wait_caught_up(rows_total, end_lsn, timeout):
+            deadline = time.time() + timeout
+            while True:
+                if proc.poll() is not None:
+                    raise BenchError(f"{name} exited with {proc.returncode} (see {logname})")
+                m = scrape(port)
+                if m is not None:
+                    if kind == "relay":
+                        if int(metric_one(m, "outbox_relay_confirmed_lsn") or 0) >= end_lsn:
+                            return time.time()
+                    elif metric_sum(m, "events_published_total") >= rows_total:
+                        return time.time()
+                if time.time() > deadline:
+                    raise BenchError(f"{name} did not catch up within {timeout:.0f} s")
+                time.sleep(0.05)
 
         try:
             deadline = time.time() + 60
             while True:
                 m = scrape(port)
-                if m and metric_one(m, "outbox_relay_streaming") == 1:
+                if m is not None and (kind != "relay"
+                                      or metric_one(m, "outbox_relay_streaming") == 1):
                     break
-                if relay.poll() is not None or time.time() > deadline:
-                    raise BenchError("relay did not start streaming (see relay-live.log)")
+                if proc.poll() is not None or time.time() > deadline:
+                    raise BenchError(f"{name} did not start (see {logname})")
                 time.sleep(0.1)
             th = threading.Thread(target=sampler, daemon=True)
             th.start()
-            # Warm-up (not counted): connections, producer metadata, first batches.
-            wp = self.pgbench(3, rate=max(1, int(capacity * 0.1)))
+            # Warm-up (not counted): connections, producer metadata, first batches. The JVM
+            # needs tens of thousands of records before its JIT has compiled the hot paths
+            # (a cold Debezium runs at a tenth of its warm rate): it gets a longer, heavier one.
+            if kind == "debezium":
+                wp = self.pgbench(a.jvm_warmup_seconds, rate=max(1, int(capacity * 0.5)))
+            else:
+                wp = self.pgbench(a.live_warmup_seconds, rate=max(1, int(capacity * 0.1)))
             wp.communicate()
+            rows_total = int(self.sql.value("SELECT count(*) FROM outbox"))
+            wait_caught_up(rows_total, lsn_int(self.sql.value("SELECT pg_current_wal_lsn()")),
+                           180)
+            entry["ready_seconds"] = time.time() - t_origin
             time.sleep(1)
-            for pct in a.rates:
-                rate = max(1, int(capacity * pct / 100))
-                self.note_load(f"live {pct}%")
-                log(f"  rate {pct}% = {rate:,} inserts/s for {a.live_seconds} s")
-                hist0 = histogram_buckets(scrape(port) or {}, "outbox_relay_commit_to_ack_seconds")
-                cpu0 = proc_cpu(relay_pid)
-                del0 = metric_sum(scrape(port) or {}, "events_published_total")
-                ws_pid = self.walsender_pid(slot)
-                ws0 = proc_cpu(ws_pid) if ws_pid else None
-                kpid = self.kafka_pid()
-                k0 = proc_cpu(kpid) if kpid else None
-                busy0 = machine_busy_cpu()
+            for label in rates:
+                rate = rate_inserts(label, capacity)
+                self.note_load(f"live {name} {label}")
+                log(f"  {name}: {label} = {rate:,} inserts/s for {seconds} s")
+                hist0 = histogram_buckets(scrape(port) or {},
+                                          "outbox_relay_commit_to_ack_seconds")
+                rows0 = int(self.sql.value("SELECT count(*) FROM outbox"))
+                del0 = delivered_now()
+                snap0 = self.live_snapshot(proc.pid)
                 t_start = time.time()
-                pb = self.pgbench(a.live_seconds, rate=rate, progress=True)
+                pb = self.pgbench(seconds, rate=rate, progress=True)
                 out, err = pb.communicate()
                 t_end = time.time()
-                busy = machine_busy_cpu() - busy0
-                kcpu = (proc_cpu(kpid) - k0) if k0 is not None else None
                 if pb.returncode != 0:
                     raise BenchError(f"pgbench failed: {err[-2000:]}")
-                with open(os.path.join(self.out, f"pgbench-live-{pct}.txt"), "w") as f:
+                tag = label.replace("/", "")
+                with open(os.path.join(self.out, f"pgbench-live-{name}-{tag}.txt"), "w") as f:
                     f.write(out + err)
-                # Let the relay catch up before the next rate (and measure how long that took).
+                rows_total = int(self.sql.value("SELECT count(*) FROM outbox"))
                 end = lsn_int(self.sql.value("SELECT pg_current_wal_lsn()"))
-                catch_deadline = time.time() + 120
-                while True:
-                    m = scrape(port)
-                    if m and int(metric_one(m, "outbox_relay_confirmed_lsn") or 0) >= end:
-                        break
-                    if time.time() > catch_deadline:
-                        raise BenchError("relay did not catch up within 120 s after the load")
-                    time.sleep(0.05)
-                t_caught = time.time()
-                m = scrape(port) or {}
-                hist = histogram_delta(
-                    histogram_buckets(m, "outbox_relay_commit_to_ack_seconds"), hist0)
-                delivered = metric_sum(m, "events_published_total") - del0
-                cpu = proc_cpu(relay_pid) - cpu0
-                ws_cpu = (proc_cpu(ws_pid) - ws0) if ws_pid and ws0 is not None else None
+                t_caught = wait_caught_up(rows_total, end, a.catch_up_timeout)
+                snap1 = self.live_snapshot(proc.pid)
+                cost = self.live_cost(snap0, snap1)
+                events = rows_total - rows0
+                delivered = (delivered_now() or 0) - (del0 or 0)
+                per_1k = (lambda cpu: cpu / events * 1e6 if events else None)  # ms per 1,000
                 progress = [(float(x), float(y)) for x, y in
                             re.findall(r"progress: ([0-9.]+) s, ([0-9.]+) tps", err)]
-                live["rates"][str(pct)] = {
+                r = {
                     "target_inserts_per_s": rate,
                     "achieved_inserts_per_s": self.pgbench_tps(out),
                     "t_start": t_start - t_origin, "t_end": t_end - t_origin,
                     "unix_start": t_start, "unix_end": t_end,
                     "catch_up_seconds_after_load": t_caught - t_end,
-                    "delivered": delivered,
-                    "machine_busy_percent_of_one_cpu": busy / (t_end - t_start) * 100,
-                    "kafka_broker_cpu_seconds": kcpu,
-                    "relay_cpu_seconds": cpu,
-                    "relay_cpu_s_per_million": cpu / delivered * 1e6 if delivered else None,
-                    "walsender_cpu_seconds": ws_cpu,
-                    "walsender_cpu_s_per_million":
-                        ws_cpu / delivered * 1e6 if delivered and ws_cpu is not None else None,
-                    "relay_histogram": {
+                    "events": events, "delivered": delivered,
+                    "cpu_window_seconds": snap1["t"] - snap0["t"],
+                    "machine_busy_percent_of_one_cpu":
+                        cost["machine_busy"] / (snap1["t"] - snap0["t"]) * 100,
+                    "kafka_broker_cpu_seconds": cost["kafka_broker"],
+                    "client_cpu_seconds": cost["client"],
+                    "client_cpu_ms_per_1k_events": per_1k(cost["client"]),
+                    "pg_total_cpu_seconds": cost["pg_total"],
+                    "pg_total_cpu_ms_per_1k_events": per_1k(cost["pg_total"]),
+                    "pg_sessions_cpu_seconds": cost["pg_sessions"],
+                    "pg_sessions_cpu_ms_per_1k_events": per_1k(cost["pg_sessions"]),
+                    "pg_sessions_cpu_seconds_by_role": cost["pg_sessions_by_role"],
+                    "pg_sessions_cpu_ms_per_1k_events_by_role":
+                        {k: per_1k(v) for k, v in cost["pg_sessions_by_role"].items()},
+                    "pgbench_progress": {"t": [x for x, _ in progress],
+                                         "tps": [y for _, y in progress]},
+                }
+                # Names of earlier runs (the relay's CPU per million events).
+                r["relay_cpu_s_per_million"] = cost["client"] / events * 1e6 if events else None
+                ws = cost["pg_sessions_by_role"].get("walsender")
+                r["walsender_cpu_seconds"] = ws
+                r["walsender_cpu_s_per_million"] = ws / events * 1e6 \
+                    if events and ws is not None else None
+                if kind == "relay":
+                    hist = histogram_delta(
+                        histogram_buckets(scrape(port) or {},
+                                          "outbox_relay_commit_to_ack_seconds"), hist0)
+                    r["relay_histogram"] = {
                         "buckets": {("+Inf" if le == math.inf else str(le)): c
                                     for le, c in hist.items()},
                         "p50_ms": _ms(histogram_quantile(hist, 0.5)),
                         "p99_ms": _ms(histogram_quantile(hist, 0.99)),
                         "p999_ms": _ms(histogram_quantile(hist, 0.999)),
-                        "fraction_le_50ms": histogram_fraction_le(hist, 0.05)},
-                    "pgbench_progress": {"t": [x for x, _ in progress],
-                                         "tps": [y for _, y in progress]},
-                }
+                        "fraction_le_50ms": histogram_fraction_le(hist, 0.05)}
+                entry["rates"][label] = r
                 time.sleep(2)
+            entry["peak_rss_kb"] = proc_status_kb(proc.pid, "VmHWM")
         finally:
             stop_sampling.set()
-            rc = self.stop_relay(relay)
-            log(f"  relay stopped (exit {rc})")
-        live["samples"] = {"t": [round(s[0], 2) for s in samples],
-                           "retained_wal_bytes": [s[1] for s in samples],
-                           "unconfirmed_wal_bytes": [s[2] for s in samples],
-                           "delivered": [s[3] for s in samples]}
-        for pct, r in live["rates"].items():
-            window = [s for s in samples if r["t_start"] <= s[0] <= r["t_end"]]
+            rc = self.stop_relay(proc, name)
+            log(f"  {name} stopped (exit {rc})")
+        entry["samples"] = {"t": [round(s[0], 2) for s in samples],
+                            "retained_wal_bytes": [s[1] for s in samples],
+                            "unconfirmed_wal_bytes": [s[2] for s in samples],
+                            "delivered": [s[3] for s in samples]}
+        for r in entry["rates"].values():
+            window = [s for s in samples if r["t_start"] <= s[0] <= r["t_end"]
+                      and s[1] is not None]
             if window:
                 r["retained_wal_bytes_max"] = max(s[1] for s in window)
                 r["retained_wal_bytes_mean"] = sum(s[1] for s in window) / len(window)
                 r["unconfirmed_wal_bytes_max"] = max(s[2] for s in window)
-        self.live_latency(slot, topic)
+        self.live_latency(entry, name, topic, UUID_HEADER[kind])
+        return entry
 
-    def live_latency(self, slot, topic):
-        """Per-row latency: broker append time (LogAppendTime, ms) minus the commit time the
-        relay took from the pgoutput Commit message (recorded in outbox_relay.commits, us)."""
-        live = self.result["live"]
-        log("  consuming the live topic for per-record latency")
-        path = os.path.join(self.out, "live-records.tsv")
+    def live_latency(self, entry, name, topic, uuid_header):
+        """Per-row latency: the broker's append time (LogAppendTime, ms) minus the row's commit
+        time (pg_xact_commit_timestamp, us: the same timestamp the pgoutput Commit message
+        carries, recorded by PostgreSQL for every transaction with track_commit_timestamp, so
+        the relay and the peers are measured alike)."""
+        log(f"  {name}: consuming {topic} for per-record latency")
+        path = os.path.join(self.out, f"live-records-{name}.tsv")
         with open(path, "w") as f:
             r = subprocess.run(["kcat", "-C", "-b", self.brokers, "-t", topic, "-o", "beginning",
                                 "-e", "-q", "-f", "%T\t%h\n"], stdout=f, stderr=subprocess.PIPE,
@@ -962,83 +1317,191 @@ END $$;
         if r.returncode != 0:
             raise BenchError(f"kcat failed: {r.stderr[-1000:]}")
         append_ms = {}
+        prefix = uuid_header + "="
         with open(path) as f:
             for line in f:
                 ts, _, headers = line.rstrip("\n").partition("\t")
                 for h in headers.split(","):
-                    k, _, v = h.partition("=")
-                    if k == "_watermill_message_uuid":
-                        append_ms.setdefault(v, []).append(int(ts))
+                    if h.startswith(prefix):
+                        append_ms.setdefault(h[len(prefix):], []).append(int(ts))
                         break
         commits = {}
         rows = self.sql.query(
-            "SELECT o.uuid, (extract(epoch FROM c.commit_time) * 1000000)::bigint "
-            "FROM (SELECT unnest(transaction_ids) AS xid, commit_time FROM outbox_relay.commits "
-            f"      WHERE slot_name = '{slot}') c "
-            "JOIN outbox o ON o.transaction_id = c.xid")
+            "SELECT uuid, (extract(epoch FROM pg_xact_commit_timestamp("
+            "(transaction_id::text::bigint & 4294967295)::text::xid)) * 1000000)::bigint "
+            "FROM outbox")
         for uuid, us in rows:
-            commits[uuid] = int(us)
-        duplicates = sum(len(v) - 1 for v in append_ms.values())
-        lat_by_rate = {pct: [] for pct in live["rates"]}
+            if us:
+                commits[uuid] = int(us)
+        lat_by_rate = {label: [] for label in entry["rates"]}
         unmatched = 0
         for uuid, stamps in append_ms.items():
             cus = commits.get(uuid)
             if cus is None:
                 unmatched += 1
                 continue
-            for pct, r in live["rates"].items():
-                if r["unix_start"] * 1e6 <= cus <= r["unix_end"] * 1e6:
-                    lat_by_rate[pct].append(min(stamps) - cus / 1000.0)
+            for label, rr in entry["rates"].items():
+                if rr["unix_start"] * 1e6 <= cus <= rr["unix_end"] * 1e6:
+                    lat_by_rate[label].append(min(stamps) - cus / 1000.0)
                     break
-        live["records_consumed"] = sum(len(v) for v in append_ms.values())
-        live["duplicates"] = duplicates
-        live["records_without_commit_row"] = unmatched
-        for pct, lats in lat_by_rate.items():
+        entry["records_consumed"] = sum(len(v) for v in append_ms.values())
+        entry["duplicates"] = sum(len(v) - 1 for v in append_ms.values())
+        entry["records_without_commit_row"] = unmatched
+        entry["rows_without_record"] = sum(1 for u in commits if u not in append_ms)
+        for label, lats in lat_by_rate.items():
             lats.sort()
-            r = live["rates"][pct]
-            r["latency_ms"] = {
+            rr = entry["rates"][label]
+            rr["latency_ms"] = {
                 "count": len(lats),
                 "p50": percentile(lats, 0.5), "p90": percentile(lats, 0.9),
                 "p99": percentile(lats, 0.99), "p999": percentile(lats, 0.999),
                 "max": lats[-1] if lats else None,
                 "mean": sum(lats) / len(lats) if lats else None}
             # A compact CDF for the plot, dense in the tail: [[quantile, ms], ...].
-            r["latency_cdf_ms"] = [[q, percentile(lats, q)] for q in CDF_QUANTILES] if lats else []
-        t50 = live["rates"].get("50", {}).get("latency_ms", {}).get("p99")
-        self.result["targets"]["live_p99_at_50pct_ms"] = {
-            "target": "p99 <= 50 ms at 50 % load", "value": t50,
-            "met": t50 is not None and t50 <= 50}
+            rr["latency_cdf_ms"] = [[q, percentile(lats, q)] for q in CDF_QUANTILES] \
+                if lats else []
 
     # ---- summary ---------------------------------------------------------------------------
 
+    def db_cost_baseline(self):
+        """Target 1's reference: the relay's PostgreSQL CPU per 1,000 events at commit 3982f78
+        (bench/baseline/, a db-cost.json of a run at that commit)."""
+        path = self.args.db_cost_baseline
+        if not path:
+            return None
+        if not os.path.isabs(path):
+            path = os.path.join(REPO, path)
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+
+    def db_cost(self):
+        """PostgreSQL CPU per 1,000 events of every live contender at each rate (the figures of
+        target 1; written as db-cost.json so a run at one commit can be the baseline of another)."""
+        live = self.result.get("live", {})
+        out = {"commit": self.result["machine"].get("git_commit"), "run_id": self.run_id,
+               "unit": "PostgreSQL CPU ms per 1,000 events", "contenders": {}}
+        for name, c in live.get("contenders", {}).items():
+            for label, r in c.get("rates", {}).items():
+                if r.get("pg_sessions_cpu_ms_per_1k_events") is None:
+                    continue
+                out["contenders"].setdefault(name, {})[label] = {
+                    "sessions_total": r["pg_sessions_cpu_ms_per_1k_events"],
+                    "by_session": r["pg_sessions_cpu_ms_per_1k_events_by_role"],
+                    "postgres_total": r["pg_total_cpu_ms_per_1k_events"],
+                    "client": r["client_cpu_ms_per_1k_events"],
+                    "inserts_per_s": r["achieved_inserts_per_s"]}
+        return out
+
     def evaluate_targets(self):
+        """Issue 13's five targets, then issue 5's (kept for comparison with earlier runs)."""
         t = self.result["targets"]
         drain = self.result.get("drain", {})
-        worst = {"relay-kafka": None, "relay-null": None}
+        live = self.result.get("live", {})
+        lc = live.get("contenders", {})
+        # 1. Database cost at a steady rate.
+        base = self.db_cost_baseline()
+        cost = self.db_cost()
+        self.result["db_cost"] = cost
+        for label in TARGET_RATES:
+            relay = cost["contenders"].get("relay", {}).get(label)
+            if relay is None:
+                continue
+            wm = cost["contenders"].get("watermill-100ms", {}).get(label)
+            b = (base or {}).get("contenders", {}).get("relay", {}).get(label)
+            limits = []
+            met = True
+            if b:
+                limits.append(f"< {b['sessions_total']:.0f}/3 = {b['sessions_total'] / 3:.0f} "
+                              f"(relay at {base.get('commit')}, measured at "
+                              f"{b.get('inserts_per_s') or 0:.0f} inserts/s; this run "
+                              f"{relay.get('inserts_per_s') or 0:.0f})")
+                met = met and relay["sessions_total"] < b["sessions_total"] / 3
+            else:
+                limits.append("< 1/3 of the 3982f78 figure (no baseline file: not judged)")
+                met = None
+            if wm:
+                limits.append(f"< {wm['sessions_total']:.0f} (watermill-100ms)")
+                if met is not None:
+                    met = met and relay["sessions_total"] < wm["sessions_total"]
+            else:
+                limits.append("< watermill-100ms (not measured)")
+                met = None
+            t[f"1_db_cost_{label}"] = {
+                "issue": 13,
+                "target": "relay's PostgreSQL CPU ms per 1,000 events (walsender + marker + "
+                          "sampler) " + " and ".join(limits),
+                "value": relay["sessions_total"], "met": met,
+                "detail": {k: round(v, 1) for k, v in relay["by_session"].items()}}
+        # 2. Drain to marked >= 0.9 x pg_recvlogical.
+        for size in ("tx1", "tx100"):
+            r = drain.get(size, {}).get("contenders", {}).get("relay-kafka", {})
+            if r.get("ratio_to_pg_recvlogical") is not None:
+                t[f"2_drain_to_marked_{size}"] = {
+                    "issue": 13, "target": ">= 0.9 x pg_recvlogical (in Kafka, marked, confirmed)",
+                    "value": r["ratio_to_pg_recvlogical"],
+                    "met": r["ratio_to_pg_recvlogical"] >= 0.9}
+        # 3. Peak RSS draining 1,000,000 rows.
+        rss = drain.get("rss1m", {}).get("contenders", {}).get("relay-kafka", {}).get(
+            "peak_rss_kb")
+        if rss is not None:
+            t["3_peak_rss_1m_drain_mb"] = {"issue": 13, "target": "<= 32 MB",
+                                           "value": rss / 1024, "met": rss <= 32 * 1024}
+        # 4. Live latency.
+        for label, limit in (("500/s", 10), ("50%", 30)):
+            p99 = lc.get("relay", {}).get("rates", {}).get(label, {}).get(
+                "latency_ms", {}).get("p99")
+            if p99 is not None:
+                t[f"4_live_p99_{label}"] = {"issue": 13,
+                                            "target": f"p99 commit -> broker append <= {limit} ms",
+                                            "value": p99, "met": p99 <= limit}
+        # 5. The peers in the bench: figures for each peer in each phase that ran.
+        if self.peers and (drain or lc):
+            have, missing = [], []
+            for size, s in drain.items():
+                for c in DRAIN_CONTENDERS:
+                    if contender_kind(c) in self.peers and size != "rss1m":
+                        (have if c in s["contenders"] else missing).append(f"drain {size} {c}")
+            if lc:
+                for c in self.live_peers():
+                    ok = lc.get(c, {}).get("rates") and not lc[c].get("error")
+                    (have if ok else missing).append(f"live {c}")
+            t["5_peers_in_the_bench"] = {
+                "issue": 13, "target": "Watermill forwarder and Debezium on the same broker and "
+                                       "backlogs: drain, latency, CPU, RSS",
+                "value": f"{len(have)} of {len(have) + len(missing)} runs have figures"
+                         + (f" (missing: {', '.join(missing)})" if missing else ""),
+                "met": not missing}
+        # Issue 5's targets.
         for size in ["tx1", "tx100", "tx200k"]:
-            for c in worst:
+            for c, limit in (("relay-kafka", 0.8), ("relay-null", 0.95)):
                 ratio = drain.get(size, {}).get("contenders", {}).get(c, {}).get(
                     "ratio_to_pg_recvlogical")
                 if ratio is not None:
                     t[f"drain_{c}_{size}_ratio"] = {
-                        "target": f">= {0.8 if c == 'relay-kafka' else 0.95} x pg_recvlogical",
-                        "value": ratio,
-                        "met": ratio >= (0.8 if c == "relay-kafka" else 0.95)}
-        rss = drain.get("rss1m", {}).get("contenders", {}).get("relay-kafka", {}).get(
-            "peak_rss_kb")
+                        "issue": 5, "target": f">= {limit} x pg_recvlogical", "value": ratio,
+                        "met": ratio >= limit}
+        t50 = lc.get("relay", {}).get("rates", {}).get("50%", {}).get("latency_ms", {}).get("p99")
+        if t50 is not None:
+            t["live_p99_at_50pct_ms"] = {"issue": 5, "target": "p99 <= 50 ms at 50 % load",
+                                         "value": t50, "met": t50 <= 50}
         all_rss = [r.get("peak_rss_kb") for s in drain.values()
-                   for r in s["contenders"].values() if r.get("peak_rss_kb")]
+                   for c, r in s["contenders"].items()
+                   if r.get("peak_rss_kb") and contender_kind(c) == "relay"]
         if rss is not None:
-            t["peak_rss_1m_drain_mb"] = {"target": "<= 64 MB", "value": rss / 1024,
+            t["peak_rss_1m_drain_mb"] = {"issue": 5, "target": "<= 64 MB", "value": rss / 1024,
                                          "met": rss <= 64 * 1024}
         if all_rss:
-            t["peak_rss_any_drain_mb"] = {"target": "<= 64 MB", "value": max(all_rss) / 1024,
+            t["peak_rss_any_drain_mb"] = {"issue": 5, "target": "<= 64 MB",
+                                          "value": max(all_rss) / 1024,
                                           "met": max(all_rss) <= 64 * 1024}
         for size, s in drain.items():
             r = s["contenders"].get("relay-kafka")
             if r:
                 t[f"cpu_relay_below_walsender_{size}"] = {
-                    "target": "relay CPU per event < walsender's",
+                    "issue": 5, "target": "relay CPU per event < walsender's",
                     "value": {"relay_s_per_million": r["relay_cpu_s_per_million"],
                               "walsender_s_per_million": r["walsender_cpu_s_per_million"]},
                     "met": r["relay_cpu_s_per_million"] < r["walsender_cpu_s_per_million"]}
@@ -1057,32 +1520,46 @@ END $$;
             l1 = [s["load_avg"][0] for s in self.load_samples]
             lines.append(f"1-min load average during the run: min {min(l1):.2f}, "
                          f"max {max(l1):.2f}")
+
+        def f(v, w=7, d=1):
+            return f"{v:>{w},.{d}f}" if v is not None else f"{'-':>{w}s}"
+
         drain = res.get("drain")
         if drain:
             lines.append("")
-            lines.append("Backlog drain (wall time from process start to the end LSN confirmed)")
-            lines.append("cpu s/M = CPU seconds per million events: the client (relay or "
-                         "pg_recvlogical), its walsender, the relay's own DB sessions "
-                         "(marking), the Kafka broker; foreign = CPU used by everything else "
-                         "on the machine during the run, in % of one CPU (other users' "
-                         "builds, PostgreSQL's background processes)")
-            hdr = (f"{'backlog':8s} {'contender':20s} {'rows':>9s} {'events/s':>10s} "
-                   f"{'x recv':>7s} {'wall s':>7s} {'client':>7s} {'walsnd':>7s} "
-                   f"{'mark db':>7s} {'broker':>7s} {'peak RSS':>9s} {'foreign':>8s}")
+            lines.append("Backlog drain (wall time from process start until the contender's "
+                         "progress covers the backlog: relay = in Kafka, marked and confirmed; "
+                         "watermill = in Kafka and acked in its offsets table; debezium and "
+                         "'to Kafka' = every row acknowledged by Kafka; pg_recvlogical = end "
+                         "LSN received)")
+            lines.append("cpu s/M = CPU seconds per million events: the client (relay, peer or "
+                         "pg_recvlogical), its walsender, its other database sessions (the "
+                         "relay's marker and sampler, the forwarder's polling), the Kafka "
+                         "broker; foreign = CPU used by everything else on the machine during "
+                         "the run, in % of one CPU (other users' builds, PostgreSQL's "
+                         "background processes)")
+            hdr = (f"{'backlog':8s} {'contender':19s} {'rows':>9s} {'events/s':>9s} "
+                   f"{'x recv':>6s} {'to Kafka':>9s} {'x recv':>6s} {'wall s':>7s} "
+                   f"{'client':>7s} {'walsnd':>7s} {'db sess':>7s} {'broker':>7s} "
+                   f"{'peak RSS':>9s} {'foreign':>7s}")
             lines.append(hdr)
             lines.append("-" * len(hdr))
             for size, s in drain.items():
                 for c, r in s["contenders"].items():
                     ratio = r.get("ratio_to_pg_recvlogical")
-                    cpu = r.get("relay_cpu_s_per_million", r.get("client_cpu_s_per_million"))
-                    dbc = r.get("relay_db_sessions_cpu_s_per_million")
+                    kratio = r.get("ratio_to_pg_recvlogical_to_kafka")
+                    cpu = r.get("client_cpu_s_per_million")
+                    dbc = r.get("db_sessions_cpu_s_per_million",
+                                r.get("relay_db_sessions_cpu_s_per_million"))
                     kb = r.get("kafka_broker_cpu_s_per_million")
                     lines.append(
-                        f"{size:8s} {c:20s} {s['rows']:>9,} {r['events_per_s']:>10,.0f} "
-                        f"{(f'{ratio:.2f}' if ratio else '-'):>7s} {r['wall_seconds']:>7.2f} "
-                        f"{cpu:>7.2f} {r['walsender_cpu_s_per_million']:>7.2f} "
-                        f"{(f'{dbc:.2f}' if dbc is not None else '-'):>7s} "
-                        f"{(f'{kb:.1f}' if kb is not None else '-'):>7s} "
+                        f"{size:8s} {c:19s} {r.get('rows_measured', s['rows']):>9,} "
+                        f"{r['events_per_s']:>9,.0f} "
+                        f"{(f'{ratio:.2f}' if ratio else '-'):>6s} "
+                        f"{f(r.get('events_per_s_to_kafka'), 9, 0)} "
+                        f"{(f'{kratio:.2f}' if kratio else '-'):>6s} {r['wall_seconds']:>7.2f} "
+                        f"{f(cpu, 7, 2)} {r['walsender_cpu_s_per_million']:>7.2f} "
+                        f"{f(dbc, 7, 2)} {f(kb, 7, 1)} "
                         + (f"{r['peak_rss_kb'] / 1024:>7.1f}MB" if r.get("peak_rss_kb")
                            else f"{'-':>9s}")
                         + (f" {r['foreign_cpu_seconds'] / r['wall_seconds'] * 100:>6.0f}%"
@@ -1090,45 +1567,78 @@ END $$;
                 for c, r in s["contenders"].items():
                     if r.get("startup_seconds") is not None and r.get(
                             "events_per_s_after_first_event"):
-                        lines.append(f"{'':8s}   {c}: first row delivered after "
-                                     f"{r['startup_seconds']:.2f} s, then "
-                                     f"{r['events_per_s_after_first_event']:,.0f} events/s")
+                        lines.append(
+                            f"{'':8s}   {c}: first row delivered after "
+                            f"{r['startup_seconds']:.2f} s, then "
+                            f"{r['events_per_s_after_first_event']:,.0f} events/s"
+                            + (f"; the second half of the rows reached Kafka at "
+                               f"{r['events_per_s_second_half']:,.0f} events/s"
+                               if r.get("events_per_s_second_half") else ""))
                 if s.get("marking_on_over_off"):
                     lines.append(f"{size:8s} marking on / off throughput: "
                                  f"{s['marking_on_over_off']:.2f}")
         live = res.get("live")
-        if live:
+        if live and live.get("contenders"):
             lines.append("")
             lines.append(f"Live load (capacity {live['capacity_inserts_per_s']:,.0f} inserts/s, "
-                         f"synchronous_commit=on, {live['clients']} clients, "
-                         f"{live['seconds_per_rate']} s per rate)")
-            hdr = (f"{'rate':>5s} {'ins/s':>7s} {'rows':>7s} {'p50 ms':>7s} {'p99 ms':>7s} "
-                   f"{'p99.9 ms':>8s} {'max ms':>7s} {'hist p99':>8s} {'<=50ms':>7s} "
-                   f"{'WAL max':>9s} {'cpu s/M':>8s} {'walsnd':>7s} {'catchup':>7s}")
+                         f"synchronous_commit=on, {live['clients']} clients; relay "
+                         f"{live['seconds_per_rate']} s per rate, peers "
+                         f"{live.get('peer_seconds_per_rate')} s)")
+            hdr = (f"{'contender':16s} {'rate':>6s} {'ins/s':>6s} {'rows':>7s} {'p50 ms':>7s} "
+                   f"{'p99 ms':>7s} {'p99.9':>7s} {'max ms':>7s} {'catchup':>7s} "
+                   f"{'client':>7s} {'PG own':>7s} {'PG all':>7s} {'peak RSS':>9s}")
             lines.append(hdr)
             lines.append("-" * len(hdr))
-            for pct, r in live["rates"].items():
-                lat = r.get("latency_ms", {})
-                h = r["relay_histogram"]
-
-                def f(v, w=7, d=1):
-                    return f"{v:>{w}.{d}f}" if v is not None else f"{'-':>{w}s}"
-                lines.append(
-                    f"{pct + '%':>5s} {r['achieved_inserts_per_s'] or 0:>7.0f} "
-                    f"{lat.get('count', 0):>7,} {f(lat.get('p50'))} {f(lat.get('p99'))} "
-                    f"{f(lat.get('p999'), 8)} {f(lat.get('max'))} {f(h['p99_ms'], 8)} "
-                    f"{f((h['fraction_le_50ms'] or 0) * 100, 6, 2)}% "
-                    f"{(r.get('retained_wal_bytes_max') or 0) / 2**20:>7.1f}MB "
-                    f"{f(r.get('relay_cpu_s_per_million'), 8, 1)} "
-                    f"{f(r.get('walsender_cpu_s_per_million'), 7, 1)} "
-                    f"{f(r.get('catch_up_seconds_after_load'), 6, 2)}s")
-            lines.append("p50/p99/p99.9/max: commit (pgoutput) -> broker LogAppendTime per "
-                         "row; hist p99 and <=50ms: the relay's commit->ack histogram; WAL max: "
-                         "slot retained WAL (restart_lsn); cpu s/M: relay and walsender CPU "
-                         "per million events")
-            lines.append(f"records consumed {live.get('records_consumed')}, duplicates "
-                         f"{live.get('duplicates')}, without commit row "
-                         f"{live.get('records_without_commit_row')}")
+            for name, c in live["contenders"].items():
+                if c.get("error"):
+                    lines.append(f"{name:16s} failed: {c['error'][:100]}")
+                    continue
+                for label, r in c["rates"].items():
+                    lat = r.get("latency_ms", {})
+                    lines.append(
+                        f"{name:16s} {label:>6s} {r['achieved_inserts_per_s'] or 0:>6.0f} "
+                        f"{lat.get('count', 0):>7,} {f(lat.get('p50'))} {f(lat.get('p99'))} "
+                        f"{f(lat.get('p999'))} {f(lat.get('max'))} "
+                        f"{f(r.get('catch_up_seconds_after_load'), 6, 2)}s "
+                        f"{f(r.get('client_cpu_ms_per_1k_events'), 7, 0)} "
+                        f"{f(r.get('pg_sessions_cpu_ms_per_1k_events'), 7, 0)} "
+                        f"{f(r.get('pg_total_cpu_ms_per_1k_events'), 7, 0)} "
+                        + (f"{c['peak_rss_kb'] / 1024:>7.1f}MB" if c.get("peak_rss_kb")
+                           else f"{'-':>9s}"))
+            lines.append("p50..max: commit (pg_xact_commit_timestamp) -> broker LogAppendTime per "
+                         "row; catchup: after the load until every row is in Kafka (relay: "
+                         "confirmed); client / PG own / PG all: CPU ms per 1,000 events of the "
+                         "contender's process, of its PostgreSQL sessions, and of all of "
+                         "PostgreSQL (including the backends doing the inserts); peak RSS of the "
+                         "contender over its whole live run")
+            lines.append("records consumed / duplicates / records without a row / rows without "
+                         "a record: " + ", ".join(
+                             f"{n} {c.get('records_consumed')}/{c.get('duplicates')}/"
+                             f"{c.get('records_without_commit_row')}/"
+                             f"{c.get('rows_without_record')}"
+                             for n, c in live["contenders"].items() if not c.get("error")))
+            relay = live["contenders"].get("relay")
+            if relay and relay.get("rates"):
+                lines.append("relay: " + "; ".join(
+                    f"{label} hist p99 {f(r['relay_histogram']['p99_ms'], 0)} ms, "
+                    f"<=50ms {(r['relay_histogram']['fraction_le_50ms'] or 0) * 100:.2f}%, "
+                    f"retained WAL max {(r.get('retained_wal_bytes_max') or 0) / 2**20:.1f}MB"
+                    for label, r in relay["rates"].items()))
+            cost = res.get("db_cost", {}).get("contenders", {})
+            if cost:
+                lines.append("")
+                lines.append("Database cost at a steady rate: PostgreSQL CPU ms per 1,000 events "
+                             "in the contender's sessions (pids from pg_stat_activity, CPU from "
+                             "/proc/<pid>/stat)")
+                for label in TARGET_RATES:
+                    for name, rates in cost.items():
+                        r = rates.get(label)
+                        if not r:
+                            continue
+                        parts = ", ".join(f"{k} {v:,.0f}" for k, v in
+                                          sorted(r["by_session"].items(), key=lambda kv: -kv[1]))
+                        lines.append(f"  {label:>6s} {name:16s} {r['sessions_total']:>7,.0f}  "
+                                     f"({parts})")
         micro = res.get("micro")
         if micro:
             lines.append("")
@@ -1137,16 +1647,23 @@ END $$;
                 v = b.get("rows_per_s_median")
                 lines.append(f"  {name:32s} {v:>14,.0f} rows/s" if v else f"  {name}")
         if res["targets"]:
-            lines.append("")
-            lines.append("Targets")
-            for name, t in res["targets"].items():
-                v = t["value"]
-                if isinstance(v, float):
-                    v = f"{v:,.2f}"
-                elif isinstance(v, dict):
-                    v = ", ".join(f"{k}={x:.2f}" for k, x in v.items())
-                lines.append(f"  {'MET ' if t['met'] else 'MISS'} {name}: {v} "
-                             f"(target {t['target']})")
+            for issue, title in ((13, "Targets (issue 13)"),
+                                 (5, "Earlier targets (issue 5)")):
+                items = [(n, t) for n, t in res["targets"].items() if t.get("issue") == issue]
+                if not items:
+                    continue
+                lines.append("")
+                lines.append(title)
+                for name, t in items:
+                    v = t["value"]
+                    if isinstance(v, float):
+                        v = f"{v:,.2f}"
+                    elif isinstance(v, dict):
+                        v = ", ".join(f"{k}={x:.2f}" for k, x in v.items())
+                    verdict = "n/a " if t["met"] is None else ("MET " if t["met"] else "MISS")
+                    lines.append(f"  {verdict} {name}: {v} (target {t['target']})"
+                                 + (f" [{', '.join(f'{k} {x}' for k, x in t['detail'].items())}]"
+                                    if t.get("detail") else ""))
         return "\n".join(lines)
 
     # ---- main ------------------------------------------------------------------------------
@@ -1173,6 +1690,9 @@ END $$;
             self.evaluate_targets()
             with open(os.path.join(self.out, "result.json"), "w") as f:
                 json.dump(self.result, f, indent=1)
+            if self.result.get("db_cost", {}).get("contenders"):
+                with open(os.path.join(self.out, "db-cost.json"), "w") as f:
+                    json.dump(self.result["db_cost"], f, indent=1)
             text = self.summary()
             with open(os.path.join(self.out, "summary.txt"), "w") as f:
                 f.write(text + "\n")
@@ -1204,8 +1724,29 @@ def parse_args(argv):
     p.add_argument("--rows-tx100", type=int, default=200_000)
     p.add_argument("--rows-big", type=int, default=200_000)
     p.add_argument("--rows-rss", type=int, default=1_000_000)
-    p.add_argument("--rates", default="25,50,80", help="percent of the sustained insert rate")
-    p.add_argument("--live-seconds", type=int, default=60)
+    p.add_argument("--row", choices=["seed", "small"], default="seed",
+                   help="drain rows: the seed's (~250-byte payload, ~300-byte metadata) or "
+                        "small ones (~20 bytes, two metadata keys)")
+    p.add_argument("--rates", default="500/s,25,50,80",
+                   help="the relay's live rates: N/s, or a percentage of the sustained rate")
+    p.add_argument("--live-seconds", type=int, default=60, help="per rate, the relay")
+    p.add_argument("--peers", default="watermill,debezium",
+                   help="peers to run next to the relay (empty: none)")
+    p.add_argument("--live-peers",
+                   default="watermill-1s,watermill-500ms,watermill-100ms,watermill-10ms,"
+                           "debezium-500ms,debezium-10ms",
+                   help="live contenders among the peers, <peer>-<poll interval>")
+    p.add_argument("--peer-rates", default="500/s,50")
+    p.add_argument("--peer-drain-rows", type=int, default=20_000,
+                   help="the Watermill forwarder drains this many rows of each backlog (0: all)")
+    p.add_argument("--peer-live-seconds", type=int, default=30, help="per rate, each peer")
+    p.add_argument("--live-warmup-seconds", type=int, default=3,
+                   help="load before the measured rates, at 10 %% of capacity")
+    p.add_argument("--jvm-warmup-seconds", type=int, default=30,
+                   help="Debezium's warm-up load, at 50 %% of capacity")
+    p.add_argument("--catch-up-timeout", type=float, default=300)
+    p.add_argument("--db-cost-baseline", default="bench/baseline/db-cost-3982f78.json",
+                   help="db-cost.json of a run at the commit target 1 compares with")
     p.add_argument("--capacity-seconds", type=int, default=20)
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--pgbench-threads", type=int, default=2)
@@ -1226,16 +1767,22 @@ def parse_args(argv):
         a.rows_big = min(a.rows_big, 20_000)
         a.rows_rss = min(a.rows_rss, 50_000)
         a.live_seconds = min(a.live_seconds, 10)
+        a.peer_live_seconds = min(a.peer_live_seconds, 10)
         a.capacity_seconds = min(a.capacity_seconds, 5)
-    a.rates = [int(x) for x in a.rates.split(",") if x]
+    a.rates = parse_rates(a.rates)
+    a.peer_rates = parse_rates(a.peer_rates)
+    for c in a.live_peers.split(","):
+        if c and (contender_kind(c) not in PEERS or "-" in c and not re.fullmatch(
+                r"[0-9.]+m?s", c.split("-", 1)[1])):
+            p.error(f"--live-peers: {c} is not <watermill|debezium>[-<poll interval>]")
     return a
 
 
 def main(argv):
     args = parse_args(argv)
     sys.path.insert(0, HERE)
-    h = Harness(args)
     try:
+        h = Harness(args)
         h.run()
     except BenchError as e:
         log(f"FAILED: {e}")

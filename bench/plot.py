@@ -1,8 +1,9 @@
 #!/usr/bin/python3
-"""Renders bench/results/<run>/result.json as a PNG (4 panels):
-  drain events/s per backlog and contender (with the ratio to pg_recvlogical),
-  drain throughput over time (the 100-row backlog), live-load throughput and retained WAL over
-  time, and the commit-to-Kafka latency CDF per rate.
+"""Renders bench/results/<run>/result.json as a PNG (6 panels):
+  drain events/s per backlog and contender (with the ratio to pg_recvlogical; the peers too),
+  drain throughput over time (the 100-row backlog), the relay's live-load throughput and
+  retained WAL over time, the relay's commit-to-Kafka latency CDF per rate, and for the relay
+  against the peers at the target rates: latency p50/p99 and PostgreSQL CPU per 1,000 events.
 
     /usr/bin/python3 bench/plot.py bench/results/<run>/result.json [out.png]
 """
@@ -17,10 +18,19 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
 COLORS = {"pg_recvlogical": "#555555", "relay-null": "#1f77b4", "relay-kafka": "#d62728",
-          "relay-kafka-nomark": "#ff9896"}
+          "relay-kafka-nomark": "#ff9896", "watermill": "#2ca02c", "debezium": "#9467bd"}
 LABELS = {"pg_recvlogical": "pg_recvlogical → /dev/null", "relay-null": "relay, null sink",
           "relay-kafka": "relay → Kafka, marking on",
-          "relay-kafka-nomark": "relay → Kafka, marking off"}
+          "relay-kafka-nomark": "relay → Kafka, marking off",
+          "watermill": "Watermill polling forwarder → Kafka",
+          "debezium": "Debezium embedded + outbox router → Kafka"}
+SESSION_COLORS = {"walsender": "#1f77b4", "outbox-relay-marker": "#d62728",
+                  "outbox-relay-metrics": "#ff9896", "watermill-forwarder": "#2ca02c"}
+
+
+def rate_label(key):
+    """'500/s', '50%' (this harness) or '50' (earlier runs: a percentage)."""
+    return key if key.endswith(("%", "/s")) else key + "%"
 
 
 def rates(t, v, window=0.5):
@@ -60,13 +70,14 @@ def panel_drain_bars(ax, drain):
         ax.bar(xs, ys, width, color=COLORS[c], label=LABELS[c])
     ax.set_xticks(range(len(sizes)))
     ax.set_xticklabels([f"{s}\n{drain[s]['rows']:,} rows" for s in sizes], fontsize=8)
-    ax.set_ylabel("events/s")
+    ax.set_ylabel("events/s (log)")
+    ax.set_yscale("log")
     ax.set_title("Backlog drain (label: ratio to pg_recvlogical)", fontsize=10)
-    ax.legend(fontsize=7, loc="upper left")
-    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper right")
+    ax.grid(axis="y", alpha=0.3, which="both")
     ymax = max((r["events_per_s"] for s in sizes for r in drain[s]["contenders"].values()),
                default=1)
-    ax.set_ylim(0, ymax * 1.3)
+    ax.set_ylim(top=ymax * 6)
 
 
 def panel_drain_time(ax, drain):
@@ -94,16 +105,16 @@ def panel_live_time(ax, live):
         ax.plot([r["t_start"] + x - 0.5 for x in p.get("t", [])], p.get("tps", []), color="#444",
                 lw=0.8, alpha=0.7, label="inserted (pgbench)" if first else None)
         ax.axvspan(r["t_start"], r["t_end"], color="#eee", zorder=0)
-        ax.text((r["t_start"] + r["t_end"]) / 2, 0, f"{pct}%", ha="center", va="bottom",
-                fontsize=8)
+        ax.text((r["t_start"] + r["t_end"]) / 2, 0, rate_label(pct), ha="center",
+                va="bottom", fontsize=8)
         first = False
     ax.set_xlabel("seconds")
     ax.set_ylabel("events/s")
     ax2 = ax.twinx()
-    ax2.plot(s["t"], [b / 2**20 for b in s["retained_wal_bytes"]], color="#2ca02c", lw=1,
-             label="slot retained WAL (restart_lsn)")
-    ax2.plot(s["t"], [b / 2**20 for b in s["unconfirmed_wal_bytes"]], ":", color="#2ca02c",
-             lw=1, label="WAL past confirmed_flush_lsn")
+    ax2.plot(s["t"], [(b or 0) / 2**20 for b in s["retained_wal_bytes"]], color="#2ca02c",
+             lw=1, label="slot retained WAL (restart_lsn)")
+    ax2.plot(s["t"], [(b or 0) / 2**20 for b in s["unconfirmed_wal_bytes"]], ":",
+             color="#2ca02c", lw=1, label="WAL past confirmed_flush_lsn")
     ax2.set_ylabel("MiB", color="#2ca02c")
     ax2.set_ylim(bottom=0)
     h1, l1 = ax.get_legend_handles_labels()
@@ -122,8 +133,8 @@ def panel_latency(ax, live):
             continue
         lat = r["latency_ms"]
         ax.plot([max(v, 0.1) for _, v in cdf], [q for q, _ in cdf], color=colors[i % 5],
-                label=f"{pct}% ({r['target_inserts_per_s']:,}/s): p50 {lat['p50']:.0f}, "
-                      f"p99 {lat['p99']:.0f}, p99.9 {lat['p999']:.0f} ms")
+                label=f"{rate_label(pct)} ({r['target_inserts_per_s']:,}/s): p50 "
+                      f"{lat['p50']:.0f}, p99 {lat['p99']:.0f}, p99.9 {lat['p999']:.0f} ms")
     ax.axvline(50, color="#999", ls="--", lw=0.8)
     ax.text(50, 0.02, " 50 ms", fontsize=7, color="#666", transform=ax.get_xaxis_transform())
     ax.set_xscale("log")
@@ -135,14 +146,80 @@ def panel_latency(ax, live):
     ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("commit → Kafka append (ms, log)")
     ax.set_ylabel("percentile of rows (logit scale)")
-    ax.set_title("Latency CDF per rate (commit time from pgoutput Commit,\n"
+    ax.set_title("Relay latency CDF per rate (commit = pg_xact_commit_timestamp,\n"
                  "ack = broker LogAppendTime)", fontsize=10)
     ax.legend(fontsize=7, loc="lower right")
     ax.grid(alpha=0.3, which="both")
 
 
+def live_contenders(live):
+    return [(n, c) for n, c in live.get("contenders", {}).items()
+            if c.get("rates") and not c.get("error")]
+
+
+def panel_peer_latency(ax, live, labels=("500/s", "50%")):
+    cs = live_contenders(live)
+    width = 0.8 / max(1, len(labels) * 2)
+    colors = {"p50": ["#9ecae1", "#fdae6b"], "p99": ["#3182bd", "#e6550d"]}
+    for k, label in enumerate(labels):
+        for q_i, q in enumerate(("p50", "p99")):
+            xs, ys = [], []
+            for j, (_, c) in enumerate(cs):
+                v = c["rates"].get(label, {}).get("latency_ms", {}).get(q)
+                if v is not None:
+                    xs.append(j + (k * 2 + q_i - (len(labels) * 2 - 1) / 2) * width)
+                    ys.append(max(v, 0.1))
+            ax.bar(xs, ys, width, color=colors[q][k % 2], label=f"{q} at {label}")
+            for x, y in zip(xs, ys):
+                ax.text(x, y, f"{y:.0f}", ha="center", va="bottom", fontsize=6, rotation=90)
+    ax.set_xticks(range(len(cs)))
+    ax.set_xticklabels([n for n, _ in cs], fontsize=7, rotation=20)
+    ax.set_yscale("log")
+    ax.set_ylabel("commit → Kafka append, ms (log)")
+    ax.set_title("Live latency: the relay against the peers", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left")
+    ax.grid(axis="y", alpha=0.3, which="both")
+
+
+def panel_db_cost(ax, live, labels=("500/s", "50%")):
+    cs = live_contenders(live)
+    width = 0.8 / max(1, len(labels))
+    roles_seen = []
+    for k, label in enumerate(labels):
+        bottoms = [0.0] * len(cs)
+        roles = sorted({role for _, c in cs for role in
+                        c["rates"].get(label, {}).get("pg_sessions_cpu_ms_per_1k_events_by_role",
+                                                      {})})
+        for role in roles:
+            xs, ys, bs = [], [], []
+            for j, (_, c) in enumerate(cs):
+                v = c["rates"].get(label, {}).get("pg_sessions_cpu_ms_per_1k_events_by_role",
+                                                  {}).get(role)
+                if v:
+                    xs.append(j + (k - (len(labels) - 1) / 2) * width)
+                    ys.append(v)
+                    bs.append(bottoms[j])
+                    bottoms[j] += v
+            ax.bar(xs, ys, width * 0.9, bottom=bs, color=SESSION_COLORS.get(role, "#999"),
+                   label=role if role not in roles_seen else None,
+                   hatch="//" if k else None, edgecolor="white")
+            if role not in roles_seen:
+                roles_seen.append(role)
+        for j, total in enumerate(bottoms):
+            if total:
+                ax.text(j + (k - (len(labels) - 1) / 2) * width, total, f"{label}\n{total:.0f}",
+                        ha="center", va="bottom", fontsize=6)
+    ax.set_xticks(range(len(cs)))
+    ax.set_xticklabels([n for n, _ in cs], fontsize=7, rotation=20)
+    ax.set_ylabel("PostgreSQL CPU ms per 1,000 events")
+    ax.set_title("Database cost at a steady rate, by session (plain: 500/s, hatched: 50 %)",
+                 fontsize=10)
+    ax.legend(fontsize=7, loc="upper right")
+    ax.grid(axis="y", alpha=0.3)
+
+
 def render(result, path):
-    fig, axes = plt.subplots(2, 2, figsize=(15, 10))
+    fig, axes = plt.subplots(3, 2, figsize=(15, 15))
     drain = result.get("drain")
     live = result.get("live")
     if drain:
@@ -157,13 +234,19 @@ def render(result, path):
     else:
         axes[1][0].set_axis_off()
         axes[1][1].set_axis_off()
+    if live and len(live_contenders(live)) > 1:
+        panel_peer_latency(axes[2][0], live)
+        panel_db_cost(axes[2][1], live)
+    else:
+        axes[2][0].set_axis_off()
+        axes[2][1].set_axis_off()
     m = result.get("machine", {})
     micro = result.get("micro", {}).get("benchmarks", {}).get("BM_DecodeAndMapRow", {})
     dm = micro.get("rows_per_s_median")
     fig.suptitle(f"outbox-relay benchmark {result.get('run_id')} ({result.get('mode')}) — "
                  f"{m.get('cpus')} CPUs, load avg at start {m.get('load_avg_at_start', [0])[0]:.1f}"
                  + (f" — decode+map {dm / 1e6:.2f} M rows/s/core" if dm else ""), fontsize=12)
-    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    fig.tight_layout(rect=(0, 0, 1, 0.98))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

@@ -28,3 +28,16 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     CASE WHEN n % 4 = 0 THEN 'review.created' ELSE 'review.updated' END,
     md5('t' || n), substr(md5('s' || n), 1, 16))::json
 $$;
+
+-- bench/harness.py --row small: the same table with small rows (a ~20-byte payload, two
+-- metadata keys), to show how the drain ratios move with row size (bench/README.md).
+CREATE OR REPLACE FUNCTION bench_payload_small(n bigint) RETURNS json
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+  SELECT format('{"review_id":%s}', n)::json
+$$;
+
+CREATE OR REPLACE FUNCTION bench_metadata_small(n bigint) RETURNS json
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+  SELECT format('{"Aggregate-Id":"review-%s","Event-Type":"%s"}', n % 10000,
+    CASE WHEN n % 4 = 0 THEN 'review.created' ELSE 'review.updated' END)::json
+$$;
