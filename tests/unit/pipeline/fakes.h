@@ -308,6 +308,8 @@ class FakeMarker {
           std::this_thread::sleep_for(1ms);
           continue;
         }
+        std::lock_guard round(round_mu_);  // Pause waits for a round in progress
+        if (paused_) continue;
         batch.clear();
         tracker_->TakeDelivered(&batch, 1000, 5ms);
         if (batch.empty()) continue;
@@ -326,7 +328,11 @@ class FakeMarker {
     tracker_->Wake();
     thread_.join();
   }
-  void Pause(bool paused) { paused_ = paused; }
+  // Returns once no round is in progress: nothing is marked after Pause(true).
+  void Pause(bool paused) {
+    paused_ = paused;
+    std::lock_guard round(round_mu_);
+  }
   std::vector<tracking::RowRange> marked() const {
     std::lock_guard lock(mu_);
     return marked_;
@@ -336,6 +342,7 @@ class FakeMarker {
   tracking::AckTracker* tracker_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> paused_{false};
+  std::mutex round_mu_;
   mutable std::mutex mu_;
   std::vector<tracking::RowRange> marked_;
   std::thread thread_;
@@ -387,8 +394,14 @@ class Pipeline {
     return s;
   }
 
-  // Starts a session on `source` (on its own thread).
-  void StartSession(FakeSource* source, SessionOptions options = Session()) {
+  // A new connection replaying `messages` (cut after `cut_after` of them),
+  // and a session reading it on a thread of its own. The Pipeline owns the
+  // source: it outlives the session.
+  FakeSource& Connect(std::vector<std::string> messages,
+                      std::optional<size_t> cut_after = std::nullopt,
+                      SessionOptions options = Session()) {
+    sources_.push_back(std::make_unique<FakeSource>(std::move(messages), cut_after));
+    FakeSource* source = sources_.back().get();
     session_.emplace(options, source, publisher_.get(), &tracker_, &stats_, &stop_, &marker_error_);
     done_ = false;
     thread_ = std::thread([this] {
@@ -396,6 +409,7 @@ class Pipeline {
       if (auto* open = session_->TakeOpenTransaction()) tracker_.Abandon(open);
       done_ = true;
     });
+    return *source;
   }
   bool done() const { return done_; }
   // Waits for the session to end by itself (an error).
@@ -431,6 +445,7 @@ class Pipeline {
   FakeSink* sink_ = nullptr;
   FakeMarker marker_;
   std::atomic<int64_t> marker_error_{0};
+  std::vector<std::unique_ptr<FakeSource>> sources_;  // before session_: destroyed after it
   std::optional<StreamSession> session_;
   std::thread thread_;
   std::atomic<bool> done_{true};

@@ -65,8 +65,7 @@ TEST(Pipeline, RecordedStreamBecomesTheExactRecordsAndIsConfirmedToItsEnd) {
   FakeWalSender wal = FakeWalSender::Recorded();
   ASSERT_EQ(wal.transactions().size(), 14u);
   Pipeline p;
-  FakeSource source(wal.From(Lsn(1)));
-  p.StartSession(&source);
+  FakeSource& source = p.Connect(wal.From(Lsn(1)));
   ASSERT_TRUE(Eventually([&] { return p.tracker().confirmed() == LastEnd(wal); }))
       << p.tracker().confirmed().ToString();
   // Told to the server within the throttle (50 ms), without a stop.
@@ -114,8 +113,7 @@ TEST(Pipeline, OutOfOrderAcksConfirmOnlyTheDonePrefix) {
   FakeWalSender wal = FakeWalSender::Recorded();
   Pipeline p;
   p.sink().auto_ack = false;
-  FakeSource source(wal.From(Lsn(1)));
-  p.StartSession(&source);
+  FakeSource& source = p.Connect(wal.From(Lsn(1)));
   ASSERT_TRUE(Eventually([&] { return p.sink().size() == kRows.size(); }));
   // Everything but the first transaction's row is acknowledged (another
   // partition was faster): nothing may be confirmed.
@@ -133,8 +131,7 @@ TEST(Pipeline, NothingIsConfirmedBeforeItIsMarked) {
   FakeWalSender wal = FakeWalSender::Recorded();
   Pipeline p;
   p.marker().Pause(true);
-  FakeSource source(wal.From(Lsn(1)));
-  p.StartSession(&source);
+  p.Connect(wal.From(Lsn(1)));
   ASSERT_TRUE(Eventually([&] { return p.sink().size() == kRows.size(); }));
   std::this_thread::sleep_for(100ms);
   // Transactions without outbox rows need no marking: confirmed up to the
@@ -148,8 +145,7 @@ TEST(Pipeline, AFatalDeliveryErrorStopsTheSessionAndConfirmsNothingFromThere) {
   FakeWalSender wal = FakeWalSender::Recorded();
   Pipeline p;
   p.sink().auto_ack = false;
-  FakeSource source(wal.From(Lsn(1)));
-  p.StartSession(&source);
+  FakeSource& source = p.Connect(wal.From(Lsn(1)));
   ASSERT_TRUE(Eventually([&] { return p.sink().size() == kRows.size(); }));
   p.sink().Ack(0);  // the first transaction
   ASSERT_TRUE(Eventually([&] { return p.tracker().confirmed() == wal.transactions()[0].end_lsn; }));
@@ -167,8 +163,7 @@ TEST(Pipeline, PoisonRowsAreDeadLetteredInTheirPlaceAndMarked) {
   PublisherOptions options = Pipeline::DefaultOptions();
   options.mapper.topic_template = "kazmaps.{Source-Service}.{Event-Type:aggregate}";
   Pipeline p(options);
-  FakeSource source(wal.From(Lsn(1)));
-  p.StartSession(&source);
+  p.Connect(wal.From(Lsn(1)));
   ASSERT_TRUE(Eventually([&] { return p.tracker().confirmed() == LastEnd(wal); }));
   auto records = p.sink().produced();
   // Still one record per row, in order. Only the first row has what the
@@ -193,8 +188,7 @@ TEST(Pipeline, ARecordTheProducerRefusesIsDeadLetteredInItsPlace) {
   p.sink().refuse_at_produce = [](const outbox::KafkaRecord& r) {
     return r.topic != "dlq" && r.value && r.value->size() > 2000;
   };
-  FakeSource source(wal.From(Lsn(1)));
-  p.StartSession(&source);
+  p.Connect(wal.From(Lsn(1)));
   ASSERT_TRUE(Eventually([&] { return p.tracker().confirmed() == LastEnd(wal); }));
   auto records = p.sink().produced();
   ASSERT_EQ(Uuids(records), AllUuids());
@@ -208,8 +202,7 @@ TEST(Pipeline, ARecordTheBrokerRefusesIsDeadLetteredByTheLoopThread) {
   FakeWalSender wal = FakeWalSender::Recorded();
   Pipeline p;
   p.sink().auto_ack = false;
-  FakeSource source(wal.From(Lsn(1)));
-  p.StartSession(&source);
+  p.Connect(wal.From(Lsn(1)));
   ASSERT_TRUE(Eventually([&] { return p.sink().size() == kRows.size(); }));
   // Refused by the broker, reported on the sink's thread (this one).
   p.sink().Settle(0, Error{ErrorCode::kPoison, "Kafka refused the record: too large"});
@@ -228,8 +221,7 @@ TEST(Pipeline, AStalledSinkHoldsTheReadingAtMaxInFlightButNotTheStatusUpdates) {
   options.max_in_flight = 3;
   Pipeline p(options);
   p.sink().auto_ack = false;
-  FakeSource source(wal.From(Lsn(1)));
-  p.StartSession(&source);
+  FakeSource& source = p.Connect(wal.From(Lsn(1)));
   ASSERT_TRUE(Eventually([&] { return p.sink().size() == 3; }));
   size_t read = source.read();
   size_t statuses = source.statuses().size();
@@ -246,8 +238,7 @@ TEST(Pipeline, AFullProducerQueueIsWaitedOutWithStatusUpdates) {
   Pipeline p;
   p.sink().auto_ack = false;
   p.sink().queue_limit = 2;
-  FakeSource source(wal.From(Lsn(1)));
-  p.StartSession(&source);
+  FakeSource& source = p.Connect(wal.From(Lsn(1)));
   ASSERT_TRUE(Eventually([&] { return p.sink().size() == 2 && p.sink().queue_full() > 10; }));
   size_t statuses = source.statuses().size();
   std::this_thread::sleep_for(100ms);
@@ -269,8 +260,7 @@ TEST(Pipeline, ConnectionCutAfterEveryMessageResumesFromTheConfirmedPositionAndL
     std::vector<Lsn> flushes;
     // First connection: cut after `cut` messages; then reconnect from what
     // is confirmed, as the supervisor does, until a connection runs dry.
-    FakeSource first(wal.From(Lsn(1)), cut);
-    p.StartSession(&first);
+    FakeSource& first = p.Connect(wal.From(Lsn(1)), cut);
     Status st = p.WaitSession();
     if (cut < total) {
       ASSERT_FALSE(st);
@@ -280,8 +270,7 @@ TEST(Pipeline, ConnectionCutAfterEveryMessageResumesFromTheConfirmedPositionAndL
     // What was produced of the cut transaction is delivered, never confirmed.
     ASSERT_TRUE(Eventually([&] { return p.tracker().empty(); }));
     Lsn resume = p.tracker().confirmed();
-    FakeSource second(wal.From(resume));
-    p.StartSession(&second);
+    FakeSource& second = p.Connect(wal.From(resume));
     ASSERT_TRUE(Eventually([&] { return p.tracker().confirmed() == LastEnd(wal); }))
         << "resumed at " << resume.ToString();
     ASSERT_TRUE(p.StopSession());
@@ -301,8 +290,7 @@ TEST(Pipeline, KeepalivesAreAnsweredAndMoveAnIdleSlotOnlyOutsideTransactions) {
   // The first transaction's Begin and row, then a reply-requested keepalive
   // in the middle of it, far ahead of anything sent.
   std::vector<std::string> head(frames.begin(), frames.begin() + 3);
-  FakeSource source(head);
-  p.StartSession(&source);
+  FakeSource& source = p.Connect(head);
   ASSERT_TRUE(Eventually([&] { return p.sink().size() == 1; }));
   size_t before = source.statuses().size();
   source.Push(FakeWalSender::Keepalive(Lsn(0xFFFF0000), /*reply_requested=*/true));
@@ -325,8 +313,7 @@ TEST(Pipeline, ARelationThatChangesColumnsMidStreamIsReadByName) {
   // transaction 12 another (kind): the rows after them map the same way.
   FakeWalSender wal = FakeWalSender::Recorded();
   Pipeline p;
-  FakeSource source(wal.From(Lsn(1)));
-  p.StartSession(&source);
+  p.Connect(wal.From(Lsn(1)));
   ASSERT_TRUE(Eventually([&] { return p.tracker().confirmed() == LastEnd(wal); }));
   auto records = p.sink().produced();
   ASSERT_EQ(records.size(), kRows.size());
@@ -340,8 +327,7 @@ TEST(Pipeline, AStopEndsTheSessionBetweenTransactionsOrGivesUpAnOpenOneAfterTheG
   Pipeline p;
   auto frames = wal.From(Lsn(1));
   // Begin, Relation, Insert of the first transaction: its Commit never comes.
-  FakeSource source(std::vector<std::string>(frames.begin(), frames.begin() + 3));
-  p.StartSession(&source);
+  p.Connect(std::vector<std::string>(frames.begin(), frames.begin() + 3));
   ASSERT_TRUE(Eventually([&] { return p.sink().size() == 1; }));
   auto t0 = std::chrono::steady_clock::now();
   Status st = p.StopSession();
