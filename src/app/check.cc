@@ -523,7 +523,7 @@ class Checker {
   void Slot() {
     if (!slot_known_) return;  // reported already
     const std::string name = "slot " + r_.slot;
-    const bool reconcile = r_.on_slot_lost == "reconcile";
+    const bool reconcile = r_.on_slot_lost == pipeline::OnSlotLost::kReconcile;
     const std::string recovery =
         reconcile ? "run (--on-slot-lost=reconcile) drops/recreates the slot and backfills every "
                     "unacked row from the table (rows published but not yet marked are sent "
@@ -692,14 +692,12 @@ class Checker {
   // --- Kafka ------------------------------------------------------------------
 
   void Kafka() {
-    if (r_.sink == "null") {
+    if (r_.sink == SinkKind::kNull) {
       Warn("kafka", "--sink null: records go nowhere (benchmarks only)", "use --sink kafka");
       return;
     }
-    kafka::ProducerOptions opts{r_.kafka_brokers, r_.kafka_property_pairs, r_.create_topics,
-                                static_cast<int>(r_.topic_partitions),
-                                static_cast<int>(r_.topic_replication_factor)};
-    auto producer = kafka::KafkaProducer::Create(opts, [](const kafka::Delivery&) {});
+    auto producer =
+        kafka::KafkaProducer::Create(ProducerOptionsOf(r_), [](const kafka::Delivery&) {});
     if (!producer) {
       Failed("kafka", producer.error().message,
              "fix --kafka-property / OUTBOX_KAFKA_PROPERTIES (librdkafka property names)");
@@ -731,7 +729,7 @@ class Checker {
                             view.topics.size()));
     if (broker_id >= 0) view.auto_create = AutoCreate(rk, broker_id, timeout);
 
-    if (r_.on_poison == "dlq") {
+    if (r_.on_poison == pipeline::OnPoison::kDeadLetter) {
       Topic(view, r_.dlq_topic, "dead-letter topic", "");
     }
     if (conn_ == nullptr || table_oid_.empty() || !all_columns_ok_) return;

@@ -84,7 +84,7 @@ void AddRunFlags(CLI::App& app, RelayConfig& c) {
                  "librdkafka property key=value, repeatable (TLS, SASL, compression, tuning). "
                  "Env OUTBOX_KAFKA_PROPERTIES: 'k=v;k=v' (\\; for a ';' in a value) or one per "
                  "line (values verbatim)");
-  app.add_option("--sink", c.sink, "Where records go: kafka, or null (benchmarks only)")
+  app.add_option("--sink", c.sink_flag, "Where records go: kafka, or null (benchmarks only)")
       ->envname("OUTBOX_SINK")
       ->check(CLI::IsMember({"kafka", "null"}))
       ->capture_default_str();
@@ -103,7 +103,7 @@ void AddRunFlags(CLI::App& app, RelayConfig& c) {
                  "On SIGTERM: time to flush Kafka and the marker before giving up")
       ->envname("OUTBOX_SHUTDOWN_TIMEOUT_MS")
       ->capture_default_str();
-  app.add_option("--on-poison", c.on_poison,
+  app.add_option("--on-poison", c.on_poison_flag,
                  "A row that cannot be published: dlq (dead-letter topic, then continue) or "
                  "halt (stop before it)")
       ->envname("OUTBOX_ON_POISON")
@@ -116,7 +116,7 @@ void AddRunFlags(CLI::App& app, RelayConfig& c) {
                  "Largest dead-letter record; bigger payloads are replaced by a reference")
       ->envname("OUTBOX_DLQ_MAX_BYTES")
       ->capture_default_str();
-  app.add_option("--on-slot-lost", c.on_slot_lost,
+  app.add_option("--on-slot-lost", c.on_slot_lost_flag,
                  "The slot is missing or invalidated: reconcile (recreate it and backfill the "
                  "unacked rows) or fail (exit with an error)")
       ->envname("OUTBOX_ON_SLOT_LOST")
@@ -199,7 +199,24 @@ Status Validate(RelayConfig& c) {
   if (c.database_url.empty()) {
     return Bad("--database-url", "DATABASE_URL", "required, e.g. postgresql://user@host/db");
   }
-  if (c.sink == "kafka" && c.kafka_brokers.empty()) {
+  // The flags are checked by CLI11 (IsMember); a config built in code is checked here.
+  if (c.sink_flag != "kafka" && c.sink_flag != "null") {
+    return Bad("--sink", "OUTBOX_SINK", fmt::format("'{}': kafka or null", c.sink_flag));
+  }
+  if (c.on_poison_flag != "dlq" && c.on_poison_flag != "halt") {
+    return Bad("--on-poison", "OUTBOX_ON_POISON",
+               fmt::format("'{}': dlq or halt", c.on_poison_flag));
+  }
+  if (c.on_slot_lost_flag != "reconcile" && c.on_slot_lost_flag != "fail") {
+    return Bad("--on-slot-lost", "OUTBOX_ON_SLOT_LOST",
+               fmt::format("'{}': reconcile or fail", c.on_slot_lost_flag));
+  }
+  c.sink = c.sink_flag == "null" ? SinkKind::kNull : SinkKind::kKafka;
+  c.on_poison =
+      c.on_poison_flag == "halt" ? pipeline::OnPoison::kHalt : pipeline::OnPoison::kDeadLetter;
+  c.on_slot_lost = c.on_slot_lost_flag == "fail" ? pipeline::OnSlotLost::kFail
+                                                 : pipeline::OnSlotLost::kReconcile;
+  if (c.sink == SinkKind::kKafka && c.kafka_brokers.empty()) {
     return Bad("--kafka-brokers", "KAFKA_BROKERS", "required, e.g. kafka-0:9092,kafka-1:9092");
   }
   auto table = pg::QualifiedName::Parse(c.table);
@@ -241,7 +258,7 @@ Status Validate(RelayConfig& c) {
   if (c.shutdown_timeout_ms < 0) {
     return Bad("--shutdown-timeout-ms", "OUTBOX_SHUTDOWN_TIMEOUT_MS", "must be >= 0");
   }
-  if (c.on_poison == "dlq" && c.dlq_topic.empty()) {
+  if (c.on_poison == pipeline::OnPoison::kDeadLetter && c.dlq_topic.empty()) {
     return Bad("--dlq-topic", "OUTBOX_DLQ_TOPIC", "empty while --on-poison=dlq");
   }
   if (c.dlq_max_bytes < 1024)
@@ -277,6 +294,28 @@ Status Validate(RelayConfig& c) {
     c.kafka_property_pairs.emplace_back(p.substr(0, eq), p.substr(eq + 1));
   }
   return Ok();
+}
+
+kafka::ProducerOptions ProducerOptionsOf(const RelayConfig& c) {
+  kafka::ProducerOptions opts;
+  opts.brokers = c.kafka_brokers;
+  opts.properties = c.kafka_property_pairs;
+  opts.create_topics = c.create_topics;
+  opts.topic_partitions = static_cast<int>(c.topic_partitions);
+  opts.topic_replication_factor = static_cast<int>(c.topic_replication_factor);
+  return opts;
+}
+
+Result<std::unique_ptr<kafka::Sink>> MakeSink(const RelayConfig& config,
+                                              kafka::DeliveryCallback on_delivery,
+                                              kafka::SinkErrorCallback on_error) {
+  if (config.sink == SinkKind::kNull) {
+    return std::unique_ptr<kafka::Sink>(std::make_unique<kafka::NullSink>(std::move(on_delivery)));
+  }
+  auto producer = kafka::KafkaProducer::Create(ProducerOptionsOf(config), std::move(on_delivery),
+                                               std::move(on_error));
+  if (!producer) return std::unexpected(producer.error());
+  return std::unique_ptr<kafka::Sink>(std::move(*producer));
 }
 
 }  // namespace outbox_relay::app

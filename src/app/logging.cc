@@ -12,22 +12,28 @@ namespace outbox_relay::app {
 
 namespace {
 
+// "2026-11-29T19:14:26.123456Z" + `between` + the level name.
+void AppendTimeAndLevel(const spdlog::details::log_msg& msg, std::string_view between,
+                        spdlog::memory_buf_t& dest) {
+  auto since_epoch = msg.time.time_since_epoch();
+  auto secs = std::chrono::duration_cast<std::chrono::seconds>(since_epoch);
+  auto micros = std::chrono::duration_cast<std::chrono::microseconds>(since_epoch - secs);
+  std::time_t t = secs.count();
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  fmt::format_to(std::back_inserter(dest), "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z{}{}",
+                 tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                 micros.count(), between, spdlog::level::to_string_view(msg.level));
+}
+
 // {"ts":"2026-11-29T19:14:26.123456Z","level":"info","msg":"..."}; the
 // message is escaped as a JSON string, whatever it contains.
 class JsonFormatter final : public spdlog::formatter {
  public:
   void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
-    auto since_epoch = msg.time.time_since_epoch();
-    auto secs = std::chrono::duration_cast<std::chrono::seconds>(since_epoch);
-    auto micros = std::chrono::duration_cast<std::chrono::microseconds>(since_epoch - secs);
-    std::time_t t = secs.count();
-    std::tm tm{};
-    gmtime_r(&t, &tm);
-    fmt::format_to(std::back_inserter(dest),
-                   "{{\"ts\":\"{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z\",\"level\":\"{}\","
-                   "\"msg\":\"",
-                   tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-                   micros.count(), spdlog::level::to_string_view(msg.level));
+    dest.append(std::string_view("{\"ts\":\""));
+    AppendTimeAndLevel(msg, "\",\"level\":\"", dest);
+    dest.append(std::string_view("\",\"msg\":\""));
     AppendJsonEscaped(std::string_view(msg.payload.data(), msg.payload.size()), dest);
     dest.append(std::string_view("\"}\n"));
   }
@@ -43,15 +49,8 @@ class JsonFormatter final : public spdlog::formatter {
 class TextFormatter final : public spdlog::formatter {
  public:
   void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
-    auto since_epoch = msg.time.time_since_epoch();
-    auto secs = std::chrono::duration_cast<std::chrono::seconds>(since_epoch);
-    auto micros = std::chrono::duration_cast<std::chrono::microseconds>(since_epoch - secs);
-    std::time_t t = secs.count();
-    std::tm tm{};
-    gmtime_r(&t, &tm);
-    fmt::format_to(std::back_inserter(dest), "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z {} ",
-                   tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-                   micros.count(), spdlog::level::to_string_view(msg.level));
+    AppendTimeAndLevel(msg, " ", dest);
+    dest.push_back(' ');
     for (char c : std::string_view(msg.payload.data(), msg.payload.size())) {
       auto u = static_cast<unsigned char>(c);
       if (c == '\n') {

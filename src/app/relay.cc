@@ -11,13 +11,15 @@
 #include "outbox_relay/kafka/producer.h"
 #include "outbox_relay/pg/publication.h"
 #include "outbox_relay/pg/relay_schema.h"
-#include "outbox_relay/walproto/walproto.h"
+#include "outbox_relay/pg/replication.h"
 
 namespace outbox_relay::app {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using pipeline::RelayStats;
+using pipeline::UnixMicrosNow;
 using std::chrono::milliseconds;
 
 // Sleeps up to `d` in small steps so a stop request is noticed quickly; the
@@ -41,12 +43,35 @@ std::vector<std::string> NeededColumns(const outbox::ColumnNames& c) {
   return {c.uuid, c.payload, c.metadata, c.transaction_id, c.offset};
 }
 
+// A dead letter must pass the producer's own size check, or the row it
+// stands in for stops the stream ("cannot dead-letter row"): with
+// message.max.bytes set below --dlq-max-bytes (the default 1,000,000 is
+// librdkafka's default too), dead letters shed their payload at the smaller
+// of the two.
+size_t DeadLetterMaxBytes(const RelayConfig& config) {
+  size_t max_bytes = static_cast<size_t>(config.dlq_max_bytes);
+  for (const auto& [key, value] : config.kafka_property_pairs) {
+    size_t v = 0;
+    auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+    if (key == "message.max.bytes" && ec == std::errc() && end == value.data() + value.size() &&
+        v < max_bytes) {
+      spdlog::info("dead letters limited to {} bytes (kafka property message.max.bytes)", v);
+      max_bytes = v;
+    }
+  }
+  return max_bytes;
+}
+
+milliseconds StopGrace(const RelayConfig& config) {
+  return milliseconds(config.shutdown_timeout_ms / 2);
+}
+
 }  // namespace
 
 Relay::Relay(RelayConfig config)
     : config_(std::move(config)),
       metrics_(config_.service),
-      // The start position is set by SetupSlot from the slot itself.
+      // The start position is set by SlotSetup from the slot itself.
       tracker_(std::make_unique<tracking::AckTracker>(kInvalidLsn, config_.mark)) {}
 
 Relay::~Relay() = default;
@@ -106,60 +131,56 @@ Status Relay::Prepare() {
   }
 
   // Test-only faults, so the fault tests can show what they would catch.
+  uint64_t fatal_after = 0;
   if (const char* env = std::getenv("OUTBOX_TEST_FAULT")) {
     std::string_view fault(env);
     if (fault == "confirm-newest") {
       spdlog::warn("TEST FAULT confirm-newest: the confirmation rule is broken on purpose");
       tracker_->EnableUnsafeConfirmNewest();
     } else if (fault.starts_with("fatal-after:")) {
-      test_fatal_after_ = std::stoull(std::string(fault.substr(12)));
-      spdlog::warn("TEST FAULT: fatal producer error after {} records", test_fatal_after_);
+      fatal_after = std::stoull(std::string(fault.substr(12)));
+      spdlog::warn("TEST FAULT: fatal producer error after {} records", fatal_after);
     }
   }
-  auto mapper = outbox::RecordMapper::Create(config_.mapper);
-  if (!mapper) return std::unexpected(mapper.error());
-  mapper_.emplace(std::move(*mapper));
-  // A dead letter must pass the producer's own size check, or the row it
-  // stands in for stops the stream ("cannot dead-letter row"): with
-  // message.max.bytes set below --dlq-max-bytes (the default 1,000,000 is
-  // librdkafka's default too), dead letters shed their payload at the smaller
-  // of the two.
-  size_t dlq_max_bytes = static_cast<size_t>(config_.dlq_max_bytes);
-  for (const auto& [key, value] : config_.kafka_property_pairs) {
-    size_t v = 0;
-    auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
-    if (key == "message.max.bytes" && ec == std::errc() && end == value.data() + value.size() &&
-        v < dlq_max_bytes) {
-      spdlog::info("dead letters limited to {} bytes (kafka property message.max.bytes)", v);
-      dlq_max_bytes = v;
-    }
-  }
-  dead_letters_.emplace(config_.dlq_topic, dlq_max_bytes, config_.columns);
 
-  auto on_delivery = [this](const kafka::Delivery& d) { OnDelivery(d); };
-  if (config_.sink == "null") {
-    sink_ = std::make_unique<kafka::NullSink>(on_delivery);
-  } else {
-    kafka::ProducerOptions opts{config_.kafka_brokers, config_.kafka_property_pairs,
-                                config_.create_topics, static_cast<int>(config_.topic_partitions),
-                                static_cast<int>(config_.topic_replication_factor)};
-    auto producer = kafka::KafkaProducer::Create(opts, on_delivery, [this](const Error&) {
-      metrics_.CountError(metrics::ErrorReason::kKafkaUnavailable);
-    });
-    if (!producer) return std::unexpected(producer.error());
+  pipeline::PublisherOptions po;
+  po.table = config_.table_name.ToString();
+  po.mapper = config_.mapper;
+  po.columns = config_.columns;
+  po.on_poison = config_.on_poison;
+  po.dlq_topic = config_.dlq_topic;
+  po.dlq_max_bytes = DeadLetterMaxBytes(config_);
+  po.max_in_flight = config_.max_in_flight;
+  po.max_awaiting_mark = static_cast<size_t>(config_.marker_batch) * 4;
+  po.stop_grace = StopGrace(config_);
+  auto publisher = pipeline::Publisher::Create(po, tracker_.get(), &stats_, &metrics_, &*stop_);
+  if (!publisher) return std::unexpected(publisher.error());
+  publisher_ = std::move(*publisher);
+
+  auto sink = MakeSink(config_, publisher_->DeliveryCallback(), [this](const Error&) {
+    metrics_.CountError(metrics::ErrorReason::kKafkaUnavailable);
+  });
+  if (!sink) return std::unexpected(sink.error());
+  if (auto* producer = dynamic_cast<kafka::KafkaProducer*>(sink->get())) {
     // Up to 10 s for a first answer, in slices: a stop request is not held up.
     Status reached = Fail(ErrorCode::kTransient, "no answer");
-    for (int i = 0; i < 10 && !reached && !(stop_ != nullptr && stop_->load()); ++i) {
-      reached = (*producer)->CheckConnection(milliseconds(1000));
+    for (int i = 0; i < 10 && !reached && !stop_->requested(); ++i) {
+      reached = producer->CheckConnection(milliseconds(1000));
     }
     if (!reached) {
       spdlog::warn("Kafka not reachable yet ({}); records wait in the producer until it is",
                    reached.error().message);
     }
     stats_.kafka_reachable.store(static_cast<bool>(reached));
-    producer_ = producer->get();
-    sink_ = std::move(*producer);
+    if (fatal_after > 0) {
+      publisher_->InjectFatalAfter(fatal_after,
+                                   [producer] { producer->InjectFatalErrorForTest(); });
+    }
+  } else {
+    stats_.kafka_reachable.store(true);
   }
+  publisher_->AttachSink(std::move(*sink));
+
   if (config_.mark) {
     marker::MarkerOptions mo;
     mo.database_url = config_.database_url;
@@ -175,11 +196,25 @@ Status Relay::Prepare() {
     });
     if (auto st = marker_->Start(); !st) return st;
   }
+
+  pipeline::SlotSetupOptions so;
+  so.database_url = config_.database_url;
+  so.slot = config_.slot;
+  so.table = config_.table_name;
+  so.columns = config_.columns;
+  so.acked_column = config_.acked_column;
+  so.mark = config_.mark;
+  so.backfill = config_.backfill;
+  so.on_slot_lost = config_.on_slot_lost;
+  so.backfill_batch = config_.backfill_batch;
+  so.max_in_flight = config_.max_in_flight;
+  slot_setup_ =
+      std::make_unique<pipeline::SlotSetup>(so, publisher_.get(), tracker_.get(), &stats_, &*stop_);
   return Ok();
 }
 
 int Relay::Run(const std::atomic<bool>& stop) {
-  stop_ = &stop;
+  stop_.emplace(stop);
   stats_.Beat();
   if (auto st = StartHttp(); !st) {
     spdlog::error("{}", st.error().message);
@@ -198,9 +233,9 @@ int Relay::Run(const std::atomic<bool>& stop) {
     }
     milliseconds wait = Backoff(attempt);
     spdlog::warn("setup: {} (retrying in {} ms)", st.error().message, wait.count());
+    slot_setup_.reset();
     marker_.reset();
-    producer_ = nullptr;
-    sink_.reset();
+    publisher_.reset();
     SleepUnlessStopped(wait, stop, stats_);
   }
 
@@ -208,7 +243,7 @@ int Relay::Run(const std::atomic<bool>& stop) {
   while (true) {
     if (stop.load()) return Shutdown(nullptr, false);
     if (need_slot_setup_) {
-      auto st = SetupSlot(stop);
+      auto st = slot_setup_->Run();
       if (!st) {
         if (st.error().code == ErrorCode::kCancelled) return Shutdown(nullptr, false);
         if (DispositionOf(st.error()) != Disposition::kRetry) {
@@ -230,57 +265,28 @@ int Relay::Run(const std::atomic<bool>& stop) {
         continue;
       }
       need_slot_setup_ = false;
-      slot_loss_counted_ = false;
-    }
-    // Start from what the slot itself says if that is further than what we
-    // confirmed (another instance may have held it meanwhile).
-    if (auto admin = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kNormal)) {
-      if (auto slot = pg::QuerySlot(*admin, config_.slot); slot && slot->exists) {
-        tracker_->RaiseConfirmed(slot->confirmed_flush_lsn);
-      }
-    }
-    auto conn = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kReplication);
-    Result<pg::ReplicationStream> stream =
-        conn ? pg::ReplicationStream::Start(std::move(*conn), config_.slot, config_.publication,
-                                            tracker_->confirmed())
-             : Result<pg::ReplicationStream>(std::unexpected(conn.error()));
-    Status st;
-    if (stream) {
-      if (stats_.standby.exchange(false))
-        spdlog::info("slot {} is free: taking over", config_.slot);
-      spdlog::info("streaming from slot {} at {}", config_.slot, tracker_->confirmed());
-      stats_.streaming = true;
-      attempt = 0;
-      relations_.Clear();
-      columns_.reset();
-      outbox_relid_ = 0;
-      st = StreamSession(*stream, stop);
-      stats_.streaming = false;
-      if (open_tx_ != nullptr) {
-        // The server will send this transaction again from its start.
-        tracker_->Abandon(open_tx_);
-        open_tx_ = nullptr;
-      }
-      if (st) return Shutdown(&*stream, false);
-    } else {
-      st = std::unexpected(stream.error());
+      slot_setup_->Recovered();
     }
 
-    const Error& err = st.error();
+    std::optional<pipeline::PgSource> source;
+    std::optional<pipeline::StreamSession> session;
+    Status st = Stream(&session, &source);
+    if (st) return Shutdown(&*session, false);
+    const Error err = st.error();
+    pipeline::StreamSession* live = session ? &*session : nullptr;
     if (err.code == ErrorCode::kCancelled) {
       spdlog::info("{}", err.message);
-      return Shutdown(stream ? &*stream : nullptr, false);
+      return Shutdown(live, false);
     }
-    if (err.code == ErrorCode::kSlotLost && config_.on_slot_lost == "reconcile") {
+    if (err.code == ErrorCode::kSlotLost &&
+        config_.on_slot_lost == pipeline::OnSlotLost::kReconcile) {
       spdlog::error("{}: recreating the slot and backfilling the unacked rows", err.message);
-      if (!std::exchange(slot_loss_counted_, true)) stats_.slot_lost.fetch_add(1);
+      slot_setup_->CountLoss();
       need_slot_setup_ = true;
       // The new slot needs an empty tracker to start from its position.
-      while (!tracker_->empty() && !tracker_->failure() && !stop.load()) {
-        stats_.Beat();
-        if (auto dl = DeadLetterRefused(nullptr); !dl) break;
-        tracker_->WaitForProgress(milliseconds(100));
-      }
+      session.reset();
+      source.reset();
+      Drain(milliseconds::max());
       continue;
     }
     if (err.code == ErrorCode::kSlotLost) {
@@ -292,11 +298,11 @@ int Relay::Run(const std::atomic<bool>& stop) {
           "in {}); restart with OUTBOX_ON_SLOT_LOST=reconcile (--on-slot-lost) to recreate the "
           "slot and publish them",
           err.message, config_.slot, config_.table_name.ToString());
-      return Shutdown(stream ? &*stream : nullptr, true);
+      return Shutdown(live, true);
     }
     if (DispositionOf(err) != Disposition::kRetry) {
       spdlog::error("{}", err.message);
-      Shutdown(stream ? &*stream : nullptr, true);
+      Shutdown(live, true);
       return ExitCodeOf(err);
     }
     if (err.code == ErrorCode::kSlotInUse) {
@@ -307,276 +313,62 @@ int Relay::Run(const std::atomic<bool>& stop) {
       metrics_.CountError(metrics::ErrorReason::kDbRead);
       spdlog::warn("replication: {}", err.message);
     }
+    if (session) attempt = 0;  // it streamed: start the backoff over
     stats_.reconnects.fetch_add(1);
     // Close the replication connection now, not after the wait below: a
     // server that is stopping waits for its walsender, which waits for us.
-    if (stream) stream = std::unexpected(err);
+    session.reset();
+    source.reset();
     // Let what is in flight finish so the restart position covers it and
     // nothing is sent twice; bounded, since Kafka may be the one that is down.
-    auto drain_until = Clock::now() + milliseconds(5000);
-    while (!tracker_->empty() && !tracker_->failure() && Clock::now() < drain_until &&
-           !stop.load()) {
-      stats_.Beat();
-      if (auto dl = DeadLetterRefused(nullptr); !dl) break;
-      tracker_->WaitForProgress(milliseconds(100));
-    }
+    Drain(milliseconds(5000));
     milliseconds wait = err.code == ErrorCode::kSlotInUse ? milliseconds(2000) : Backoff(attempt++);
     SleepUnlessStopped(wait, stop, stats_);
   }
 }
 
-Status Relay::StreamSession(pg::ReplicationStream& stream, const std::atomic<bool>& stop) {
-  last_status_ = Clock::now() - milliseconds(config_.status_interval_ms);
-  while (true) {
+Status Relay::Stream(std::optional<pipeline::StreamSession>* session,
+                     std::optional<pipeline::PgSource>* source) {
+  // Start from what the slot itself says if that is further than what we
+  // confirmed (another instance may have held it meanwhile).
+  if (auto admin = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kNormal)) {
+    if (auto slot = pg::QuerySlot(*admin, config_.slot); slot && slot->exists) {
+      tracker_->RaiseConfirmed(slot->confirmed_flush_lsn);
+    }
+  }
+  auto conn = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kReplication);
+  if (!conn) return std::unexpected(conn.error());
+  auto stream = pg::ReplicationStream::Start(std::move(*conn), config_.slot, config_.publication,
+                                             tracker_->confirmed());
+  if (!stream) return std::unexpected(stream.error());
+  if (stats_.standby.exchange(false)) spdlog::info("slot {} is free: taking over", config_.slot);
+  spdlog::info("streaming from slot {} at {}", config_.slot, tracker_->confirmed());
+  source->emplace(std::move(*stream));
+  pipeline::SessionOptions so;
+  so.table = config_.table_name;
+  so.columns = config_.columns;
+  so.status_interval = milliseconds(config_.status_interval_ms);
+  so.stop_grace = StopGrace(config_);
+  session->emplace(so, &**source, publisher_.get(), tracker_.get(), &stats_, &*stop_,
+                   &last_marker_error_ns_);
+  stats_.streaming = true;
+  Status st = (*session)->Run();
+  stats_.streaming = false;
+  if (tracking::Transaction* open = (*session)->TakeOpenTransaction()) {
+    // The server will send this transaction again from its start.
+    tracker_->Abandon(open);
+  }
+  return st;
+}
+
+void Relay::Drain(milliseconds bound) {
+  auto until = bound == milliseconds::max() ? Clock::time_point::max() : Clock::now() + bound;
+  while (!tracker_->empty() && !tracker_->failure() && Clock::now() < until &&
+         !stop_->requested()) {
     stats_.Beat();
-    if (auto failure = tracker_->failure()) return Fail(ErrorCode::kFatal, "{}", *failure);
-    // Stop between transactions: a half-read transaction would be sent again
-    // in full after a restart, and its first rows would be duplicates. But
-    // not at any price: when its end does not come (Kafka holds everything
-    // back), give it up within half the shutdown timeout.
-    if (stop.load()) {
-      if (open_tx_ == nullptr) return Ok();
-      if (StopGraceOver()) {
-        return Fail(ErrorCode::kCancelled,
-                    "stopping inside transaction xid {}: it is given up and sent again after the "
-                    "restart",
-                    open_tx_->xid);
-      }
-    }
-    if (auto st = DeadLetterRefused(&stream); !st) return st;
-    if (sink_) stats_.kafka_reachable.store(sink_->Reachable(), std::memory_order_relaxed);
-    if (auto st = SendStatus(stream, false); !st) return st;
-    LogProgress();
-    if (Backpressured()) {
-      tracker_->WaitForProgress(milliseconds(2));
-      continue;
-    }
-    auto msg = stream.TryRead();
-    if (!msg) return std::unexpected(msg.error());
-    if (!*msg) {
-      if (auto st = stream.Wait(milliseconds(100)); !st) return st;
-      continue;
-    }
-    auto server_msg = walproto::DecodeServerMessage(**msg);
-    if (!server_msg) return std::unexpected(server_msg.error());
-    if (auto* k = std::get_if<walproto::PrimaryKeepalive>(&*server_msg)) {
-      stats_.keepalives.fetch_add(1, std::memory_order_relaxed);
-      received_ = std::max(received_, k->wal_end);
-      // Idle rule: nothing in flight and not inside a transaction, so every
-      // commit before wal_end was received and confirmed already.
-      if (open_tx_ == nullptr) tracker_->FollowServer(k->wal_end);
-      if (k->reply_requested) {
-        if (auto st = SendStatus(stream, true); !st) return st;
-        // A stopping server (pg_ctl stop -m fast) waits until we confirm all
-        // it sent, asking for replies meanwhile; it ended the marker's session
-        // first, so we cannot confirm what awaits marking. Holding on would
-        // hold its shutdown forever: let go, and resume from the confirmed
-        // position (re-sending the rest) once it is back.
-        auto since_marker_error =
-            Clock::now().time_since_epoch().count() - last_marker_error_ns_.load();
-        if (last_marker_error_ns_.load() != 0 && tracker_->awaiting_mark() > 0 &&
-            since_marker_error < std::chrono::nanoseconds(std::chrono::seconds(10)).count()) {
-          return Fail(ErrorCode::kTransient,
-                      "the server asks for a confirmation the relay cannot give (the marker "
-                      "cannot reach PostgreSQL: is it stopping?); closing the replication "
-                      "connection, resuming from {}",
-                      tracker_->confirmed());
-        }
-      }
-      continue;
-    }
-    const auto& x = std::get<walproto::XLogData>(*server_msg);
-    received_ = std::max(received_, x.wal_end);
-    if (auto st = HandleXLogData(x.data, stream); !st) return st;
+    if (auto dl = publisher_->DeadLetterRefused(nullptr); !dl) break;
+    tracker_->WaitForProgress(milliseconds(100));
   }
-}
-
-Status Relay::HandleXLogData(std::string_view data, pg::ReplicationStream& stream) {
-  // Inserts decode into their own message so its tuple storage survives the
-  // Begin/Commit around it: no allocation per row.
-  bool is_insert = !data.empty() && data[0] == 'I';
-  pgoutput::DecodedMessage& msg = is_insert ? insert_message_ : message_;
-  if (auto st = pgoutput::Decode(data, &msg); !st) {
-    return Fail(ErrorCode::kProtocol, "pgoutput: {}", st.error().message);
-  }
-  if (is_insert) return HandleInsert(std::get<pgoutput::Insert>(msg), stream);
-  if (auto* b = std::get_if<pgoutput::Begin>(&message_)) {
-    if (open_tx_ != nullptr) {
-      return Fail(ErrorCode::kProtocol, "pgoutput: Begin of xid {} inside xid {}", b->xid,
-                  open_tx_->xid);
-    }
-    open_tx_ = tracker_->Begin(b->final_lsn, b->commit_time, b->xid);
-    return Ok();
-  }
-  if (auto* c = std::get_if<pgoutput::Commit>(&message_)) {
-    if (open_tx_ == nullptr) {
-      return Fail(ErrorCode::kProtocol, "pgoutput: Commit at {} without Begin", c->commit_lsn);
-    }
-    stats_.transactions.fetch_add(1, std::memory_order_relaxed);
-    stats_.last_commit_unix_micros.store(c->commit_time.ToUnixMicros(), std::memory_order_relaxed);
-    tracker_->Commit(open_tx_, c->end_lsn);  // open_tx_ may be gone after this
-    open_tx_ = nullptr;
-    return Ok();
-  }
-  if (auto* r = std::get_if<pgoutput::Relation>(&message_)) return HandleRelation(*r);
-  if (auto* t = std::get_if<pgoutput::Truncate>(&message_)) {
-    for (pgoutput::Oid id : t->relation_ids) {
-      if (id == outbox_relid_) {
-        spdlog::warn("the outbox table {} was truncated: rows not yet published are gone",
-                     config_.table_name.ToString());
-      }
-    }
-    return Ok();
-  }
-  // Type, Origin, Message, and Update/Delete from a publication that sends
-  // them: nothing to publish.
-  return Ok();
-}
-
-Status Relay::HandleRelation(const pgoutput::Relation& relation) {
-  bool named_ours =
-      relation.nspname == config_.table_name.schema && relation.relname == config_.table_name.name;
-  if (outbox_relid_ != 0 && relation.relation_id == outbox_relid_ && !named_ours) {
-    // Renamed (or moved to another schema): the publication follows the
-    // table, but the marker and the backfill find it by the configured name.
-    // Going on with the old column positions would misread its rows.
-    return Fail(ErrorCode::kFatal,
-                "the outbox table {} is now {}.{} (renamed or moved while the relay ran): start "
-                "the relay with --table (OUTBOX_TABLE) naming it",
-                config_.table_name.ToString(), relation.nspname, relation.relname);
-  }
-  bool ours = named_ours;
-  if (ours) {
-    // Sent before the first row and again after any schema change: columns
-    // are found by name each time.
-    auto map = outbox::ColumnMap::Resolve(relation, config_.columns);
-    if (!map) {
-      return Fail(ErrorCode::kFatal, "outbox table changed and can no longer be published: {}",
-                  map.error().message);
-    }
-    if (outbox_relid_ != 0 && columns_) {
-      spdlog::info("outbox table {} changed: {} columns", config_.table_name.ToString(),
-                   relation.columns.size());
-    }
-    columns_ = *map;
-    outbox_relid_ = relation.relation_id;
-  }
-  relations_.Put(relation);
-  return Ok();
-}
-
-Status Relay::HandleInsert(const pgoutput::Insert& insert, pg::ReplicationStream& stream) {
-  if (open_tx_ == nullptr)
-    return Fail(ErrorCode::kProtocol, "pgoutput: Insert outside a transaction");
-  if (insert.relation_id != outbox_relid_) {
-    if (relations_.Find(insert.relation_id) == nullptr) {
-      return Fail(ErrorCode::kProtocol, "pgoutput: Insert for relation {} never described",
-                  insert.relation_id);
-    }
-    return Ok();  // another table in a shared publication
-  }
-  stats_.rows.fetch_add(1, std::memory_order_relaxed);
-  return MapAndProduce(*columns_, insert.new_tuple, open_tx_, &stream);
-}
-
-Status Relay::MapAndProduce(const outbox::ColumnMap& columns, const pgoutput::TupleData& row,
-                            tracking::Transaction* tx, pg::ReplicationStream* stream) {
-  auto mapped = mapper_->Map(columns, row, tx->final_lsn);
-  if (!mapped) return std::unexpected(mapped.error());
-  Status st = mapped->poison
-                  ? DeadLetter(*mapped->poison, mapped->identity, columns, row, tx, stream)
-                  : Produce(*mapped->record, tx, stream);
-  if (!st && st.error().code == ErrorCode::kPoison && !mapped->poison) {
-    // Refused by the producer itself (e.g. larger than message.max.bytes).
-    st = DeadLetter(st.error(), mapped->identity, columns, row, tx, stream);
-  }
-  // Only a row whose record (or dead letter) the sink took is marked, once
-  // it is acknowledged: never one whose production was given up.
-  if (st) {
-    tracking::AckTracker::NoteRow(tx, mapped->identity.transaction_id, mapped->identity.offset);
-  }
-  return st;
-}
-
-Status Relay::DeadLetter(const Error& reason, const outbox::RowIdentity& identity,
-                         const outbox::ColumnMap& columns, const pgoutput::TupleData& row,
-                         tracking::Transaction* tx, pg::ReplicationStream* stream) {
-  metrics_.CountError(metrics::ErrorReason::kMarshal);
-  if (config_.on_poison == "halt") {
-    return Fail(ErrorCode::kFatal,
-                "poison row in {} (transaction_id={} offset={} uuid='{}', commit {}): {}. The "
-                "relay stopped before it and confirmed nothing past it. It reads the row from "
-                "the WAL, so it stops here again whatever is done to the row in the table: run "
-                "with OUTBOX_ON_POISON=dlq (--on-poison=dlq) to send it to the dead-letter topic "
-                "and go on, then republish a corrected row if it is needed.",
-                config_.table_name.ToString(), identity.transaction_id, identity.offset,
-                identity.uuid, tx->final_lsn, reason.message);
-  }
-  auto text = [&](int index) -> std::optional<std::string_view> {
-    if (index < 0 || static_cast<size_t>(index) >= row.values.size()) return std::nullopt;
-    const auto& v = row.values[static_cast<size_t>(index)];
-    if (v.kind != pgoutput::TupleValue::Kind::kText) return std::nullopt;
-    return v.text;
-  };
-  const outbox::KafkaRecord& record =
-      dead_letters_->Build(reason, identity, config_.table_name.ToString(), tx->final_lsn,
-                           text(columns.payload), text(columns.metadata));
-  spdlog::warn("dead-lettering row transaction_id={} offset={} to {}: {}", identity.transaction_id,
-               identity.offset, config_.dlq_topic, reason.message);
-  stats_.dead_lettered.fetch_add(1, std::memory_order_relaxed);
-  auto st = Produce(record, tx, stream);
-  if (!st && st.error().code != ErrorCode::kCancelled) {
-    return Fail(ErrorCode::kFatal, "cannot dead-letter row transaction_id={} offset={}: {}",
-                identity.transaction_id, identity.offset, st.error().message);
-  }
-  return st;
-}
-
-Status Relay::Produce(const outbox::KafkaRecord& record, tracking::Transaction* tx,
-                      pg::ReplicationStream* stream) {
-  tracker_->AddMessage(tx);
-  auto st = Offer(record, tx, stream);
-  // Not taken: undo the count so the transaction can still complete.
-  if (!st) tracker_->CancelMessage(tx);
-  return st;
-}
-
-Status Relay::Offer(const outbox::KafkaRecord& record, tracking::Transaction* tx,
-                    pg::ReplicationStream* stream) {
-  while (true) {
-    auto accepted = sink_->Produce(record, tx);
-    if (!accepted) return std::unexpected(accepted.error());
-    if (*accepted == kafka::Sink::Accepted::kQueued) {
-      uint64_t n = stats_.produced.fetch_add(1, std::memory_order_relaxed) + 1;
-      if (n == test_fatal_after_ && producer_ != nullptr) [[unlikely]] {
-        producer_->InjectFatalErrorForTest();
-      }
-      return Ok();
-    }
-    // The producer's queue is full (or the topic is still being prepared):
-    // keep the walsender content while waiting.
-    stats_.Beat();
-    if (auto failure = tracker_->failure()) return Fail(ErrorCode::kFatal, "{}", *failure);
-    if (StopGraceOver()) {
-      // Kafka takes nothing and we are asked to stop: give up this
-      // transaction (it is abandoned and re-sent after the restart) rather
-      // than wait here past the shutdown timeout.
-      return Fail(ErrorCode::kCancelled,
-                  "stopping while the Kafka producer takes nothing more: the open transaction "
-                  "is sent again after the restart");
-    }
-    if (stream != nullptr) {
-      if (auto st = SendStatus(*stream, false); !st) return st;
-    }
-    tracker_->WaitForProgress(milliseconds(1));
-  }
-}
-
-bool Relay::StopGraceOver() {
-  if (stop_ == nullptr || !stop_->load()) return false;
-  auto now = Clock::now();
-  if (stop_seen_ == Clock::time_point{}) stop_seen_ = now;
-  return now - stop_seen_ >= milliseconds(config_.shutdown_timeout_ms / 2);
 }
 
 Status Relay::StartHttp() {
@@ -624,122 +416,10 @@ void Relay::RefreshMetrics() {
   metrics_.slot_confirmed_lsn().Set(static_cast<double>(tracker_->confirmed().value()));
 }
 
-bool Relay::Backpressured() const {
-  return tracker_->rows_in_flight() >= config_.max_in_flight ||
-         tracker_->awaiting_mark() >= static_cast<size_t>(config_.marker_batch) * 4;
-}
-
-Status Relay::SendStatus(pg::ReplicationStream& stream, bool force) {
-  auto now = Clock::now();
-  Lsn flush = tracker_->confirmed();
-  auto since = now - last_status_;
-  bool moved = flush != last_sent_flush_ && since >= milliseconds(50);
-  if (!force && !moved && since < milliseconds(config_.status_interval_ms)) return Ok();
-  walproto::StandbyStatusUpdate update;
-  update.write = std::max(received_, flush);
-  update.flush = flush;
-  update.apply = flush;
-  update.send_time = PgTimestamp::Now();
-  if (auto st = stream.SendStatus(update); !st) return st;
-  last_status_ = now;
-  last_sent_flush_ = flush;
-  stats_.status_updates.fetch_add(1, std::memory_order_relaxed);
-  stats_.Beat();
-  return Ok();
-}
-
-void Relay::OnDelivery(const kafka::Delivery& d) {
-  auto* tx = static_cast<tracking::Transaction*>(d.opaque);
-  metrics_.ObservePublish(d.topic, d.event_type, static_cast<double>(d.latency.count()) / 1e6,
-                          !d.error);
-  if (!d.error) {
-    if (tx->commit_time.micros != 0) {
-      metrics_.ObserveCommitToAck(
-          static_cast<double>(UnixMicrosNow() - tx->commit_time.ToUnixMicros()) / 1e6);
-    }
-    stats_.delivered.fetch_add(1, std::memory_order_relaxed);
-    tracker_->OnDelivered(tx);
-    return;
-  }
-  if (d.error->code != ErrorCode::kPoison) {
-    metrics_.CountError(metrics::ErrorReason::kKafkaUnavailable);
-  }
-  if (d.error->code == ErrorCode::kPoison && config_.on_poison == "dlq" &&
-      d.topic != config_.dlq_topic) {
-    // Hand it to the loop thread (see RefusedRecord); the message keeps its
-    // pending token, so its transaction cannot complete meanwhile.
-    RefusedRecord refused{tx, {}, std::nullopt, d.error->message};
-    for (const auto& [name, value] : d.headers) {
-      if (name == outbox::kUuidHeader) refused.uuid = value;
-    }
-    if (d.value) refused.value = std::string(*d.value);
-    {
-      std::lock_guard lock(refused_mu_);
-      refused_.push_back(std::move(refused));
-    }
-    has_refused_.store(true, std::memory_order_release);
-    tracker_->Wake();
-    return;
-  }
-  if (!tracker_->failure()) spdlog::error("{}", d.error->message);  // the first says it all
-  tracker_->OnFailed(tx, d.error->message);
-}
-
-Status Relay::DeadLetterRefused(pg::ReplicationStream* stream) {
-  if (!has_refused_.load(std::memory_order_acquire)) return Ok();
-  std::vector<RefusedRecord> batch;
-  {
-    std::lock_guard lock(refused_mu_);
-    batch.swap(refused_);
-    has_refused_.store(false, std::memory_order_relaxed);
-  }
-  for (RefusedRecord& r : batch) {
-    // The row itself is gone from memory; what identifies it is its uuid
-    // header and its transaction.
-    outbox::RowIdentity identity;
-    identity.offset = -1;
-    identity.uuid = r.uuid;
-    if (!r.tx->row_ranges.empty())
-      identity.transaction_id = r.tx->row_ranges.front().transaction_id;
-    Error reason{ErrorCode::kPoison,
-                 fmt::format("{} (offset unknown: select the row by uuid '{}')", r.reason, r.uuid)};
-    std::optional<std::string_view> metadata;
-    const outbox::KafkaRecord& record = dead_letters_->Build(
-        reason, identity, config_.table_name.ToString(), r.tx->final_lsn,
-        r.value ? std::optional<std::string_view>(*r.value) : std::nullopt, metadata);
-    spdlog::warn("dead-lettering refused record uuid='{}' of transaction {} to {}: {}", r.uuid,
-                 identity.transaction_id, config_.dlq_topic, r.reason);
-    stats_.dead_lettered.fetch_add(1, std::memory_order_relaxed);
-    tracker_->AddDeadLetter(r.tx);
-    if (auto st = Offer(record, r.tx, stream); !st) {
-      // Neither settled nor confirmable: nothing at or after it moves the slot.
-      tracker_->OnFailed(r.tx, fmt::format("cannot dead-letter refused record uuid='{}': {}",
-                                           r.uuid, st.error().message));
-      return st;
-    }
-    tracker_->OnDelivered(r.tx);  // the refused original is settled by its dead letter
-  }
-  return Ok();
-}
-
-void Relay::LogProgress() {
-  auto now = Clock::now();
-  if (now - last_progress_log_ < std::chrono::seconds(30)) return;
-  last_progress_log_ = now;
-  auto s = tracker_->stats();
-  spdlog::info(
-      "progress: {} transactions, {} rows, {} delivered, {} dead-lettered; "
-      "confirmed {}, {} rows in flight",
-      stats_.transactions.load(), stats_.rows.load(), stats_.delivered.load(),
-      stats_.dead_lettered.load(), s.confirmed, s.rows_in_flight);
-}
-
-int Relay::Shutdown(pg::ReplicationStream* stream, bool failed) {
+int Relay::Shutdown(pipeline::StreamSession* session, bool failed) {
   // The timeout counts from the stop request as the loop first saw it: time
   // spent finishing (or giving up) the open transaction is part of it.
-  (void)StopGraceOver();
-  auto began = stop_seen_ != Clock::time_point{} ? stop_seen_ : Clock::now();
-  auto deadline = began + milliseconds(config_.shutdown_timeout_ms);
+  auto deadline = stop_->since() + milliseconds(config_.shutdown_timeout_ms);
   auto remaining = [&] {
     return std::max(milliseconds(0),
                     std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
@@ -749,27 +429,26 @@ int Relay::Shutdown(pg::ReplicationStream* stream, bool failed) {
     spdlog::info("stopping: flushing {} rows in flight", tracker_->rows_in_flight());
     // Flush sends what linger holds back; deliveries then drain the tracker
     // and the marker marks. Keep talking to the walsender meanwhile.
-    if (auto st = sink_->Flush(std::min(remaining(), milliseconds(1000))); !st) {
+    if (auto st = publisher_->Flush(std::min(remaining(), milliseconds(1000))); !st) {
       spdlog::debug("{}", st.error().message);
     }
     while (!(drained = tracker_->WaitEmpty(milliseconds(200))) && !tracker_->failure() &&
            remaining() > milliseconds(0)) {
-      (void)DeadLetterRefused(stream);
-      if (stream != nullptr) {
-        if (auto st = SendStatus(*stream, false); !st) stream = nullptr;
+      (void)publisher_->DeadLetterRefused(session);
+      if (session != nullptr) {
+        if (auto st = session->SendStatus(false); !st) session = nullptr;
       }
     }
   }
   if (marker_) marker_->Stop(remaining());
-  if (stream != nullptr) {
+  if (session != nullptr) {
     // The final word: everything confirmed, so the next start sends nothing twice.
-    if (auto st = SendStatus(*stream, true); !st) {
+    if (auto st = session->SendStatus(true); !st) {
       spdlog::warn("final status update: {}", st.error().message);
     }
-    (void)stream->Finish(std::min(remaining(), milliseconds(2000)) + milliseconds(100));
+    (void)session->source().Finish(std::min(remaining(), milliseconds(2000)) + milliseconds(100));
   }
-  producer_ = nullptr;
-  sink_.reset();  // joins the delivery thread
+  publisher_->CloseSink();  // joins the delivery threads
   if (sampler_) sampler_->Stop();
   auto failure = tracker_->failure();
   if (failed || failure) {
@@ -788,7 +467,7 @@ int Relay::Shutdown(pg::ReplicationStream* stream, bool failed) {
   }
   spdlog::info("stopped cleanly: confirmed {}, {} rows delivered", tracker_->confirmed(),
                stats_.delivered.load());
-  return 0;
+  return kExitOk;
 }
 
 }  // namespace outbox_relay::app

@@ -20,29 +20,9 @@
 #include "outbox_relay/kafka/producer.h"
 #include "outbox_relay/outbox/record.h"
 #include "outbox_relay/pg/connection.h"
+#include "outbox_relay/pg/rows.h"
 
 namespace outbox_relay::app {
-
-pgoutput::Relation RelationFromResult(const PGresult* res) {
-  pgoutput::Relation relation;
-  const int n = PQnfields(res);
-  relation.columns.reserve(static_cast<size_t>(n));
-  for (int col = 0; col < n; ++col) {
-    relation.columns.push_back(
-        {0, PQfname(res, col), static_cast<pgoutput::Oid>(PQftype(res, col)), PQfmod(res, col)});
-  }
-  return relation;
-}
-
-void TupleFromResult(const PGresult* res, int row, pgoutput::TupleData* out) {
-  const int n = PQnfields(res);
-  out->values.resize(static_cast<size_t>(n));
-  for (int col = 0; col < n; ++col) {
-    auto v = pg::GetValue(res, row, col);
-    out->values[static_cast<size_t>(col)] =
-        v ? pgoutput::TupleValue{pgoutput::TupleValue::Kind::kText, *v} : pgoutput::TupleValue{};
-  }
-}
 
 namespace {
 
@@ -218,7 +198,7 @@ Result<outbox::ColumnMap> CheckTable(pg::Connection& conn, const ReplayConfig& c
   }
   auto probe = conn.Exec(fmt::format("SELECT * FROM {} LIMIT 0", c.relay.table_name.Quoted()));
   if (!probe) return std::unexpected(probe.error());
-  return outbox::ColumnMap::Resolve(RelationFromResult(probe->get()), c.relay.columns);
+  return outbox::ColumnMap::Resolve(pg::RelationOf(probe->get()), c.relay.columns);
 }
 
 class Replayer {
@@ -252,21 +232,15 @@ class Replayer {
 
  private:
   Status StartSink() {
-    auto on_delivery = [this](const kafka::Delivery& d) { state_.OnDelivery(d); };
-    if (c_.relay.sink == "null") {
-      sink_ = std::make_unique<kafka::NullSink>(on_delivery);
-      return Ok();
+    auto sink = MakeSink(c_.relay, [this](const kafka::Delivery& d) { state_.OnDelivery(d); });
+    if (!sink) return std::unexpected(sink.error());
+    if (auto* producer = dynamic_cast<kafka::KafkaProducer*>(sink->get())) {
+      if (auto st = producer->CheckConnection(milliseconds(10000)); !st) {
+        return Fail(ErrorCode::kTransient, "Kafka is not reachable at {}: {}",
+                    c_.relay.kafka_brokers, st.error().message);
+      }
     }
-    kafka::ProducerOptions opts{c_.relay.kafka_brokers, c_.relay.kafka_property_pairs,
-                                c_.relay.create_topics, static_cast<int>(c_.relay.topic_partitions),
-                                static_cast<int>(c_.relay.topic_replication_factor)};
-    auto producer = kafka::KafkaProducer::Create(opts, on_delivery);
-    if (!producer) return std::unexpected(producer.error());
-    if (auto st = (*producer)->CheckConnection(milliseconds(10000)); !st) {
-      return Fail(ErrorCode::kTransient, "Kafka is not reachable at {}: {}", c_.relay.kafka_brokers,
-                  st.error().message);
-    }
-    sink_ = std::move(*producer);
+    sink_ = std::move(*sink);
     return Ok();
   }
 
@@ -294,7 +268,7 @@ class Replayer {
       const PGresult* r = res->get();
       const int n = PQntuples(r);
       if (n == 0) break;
-      auto columns = outbox::ColumnMap::Resolve(RelationFromResult(r), cols);
+      auto columns = outbox::ColumnMap::Resolve(pg::RelationOf(r), cols);
       if (!columns) return std::unexpected(columns.error());
       for (int i = 0; i < n; ++i) {
         auto lsn = Lsn::Parse(*pg::GetValue(r, i, 0));
@@ -305,7 +279,7 @@ class Replayer {
           next_unproduced_ = *lsn;
           return Ok();
         }
-        TupleFromResult(r, i, &tuple);
+        pg::TupleOf(r, i, &tuple);
         if (auto st = Replay(*columns, tuple, *lsn); !st) return st;
       }
       params[3] = std::string(*pg::GetValue(r, n - 1, 0));
@@ -538,10 +512,10 @@ void AddReplayFlags(CLI::App& app, ReplayConfig& c) {
 
 Status ValidateReplay(ReplayConfig& c) {
   // A dry run needs no Kafka.
-  std::string sink = c.relay.sink;
-  if (c.dry_run) c.relay.sink = "null";
+  std::string sink = c.relay.sink_flag;
+  if (c.dry_run) c.relay.sink_flag = "null";
   Status st = Validate(c.relay);
-  c.relay.sink = sink;
+  c.relay.sink_flag = sink;
   if (!st) return st;
 
   const bool by_lsn = !c.from_lsn.empty();

@@ -34,4 +34,43 @@ Status EnsureRelaySchema(Connection& conn) {
   return Ok();
 }
 
+Result<std::optional<std::string>> ReadState(Connection& conn, std::string_view slot,
+                                             std::string_view key) {
+  std::optional<std::string> params[] = {std::string(slot), std::string(key)};
+  auto res = conn.ExecParams(
+      "SELECT value FROM outbox_relay.state WHERE slot_name = $1 AND key = $2", params);
+  if (!res) return std::unexpected(res.error());
+  if (PQntuples(res->get()) == 0) return std::optional<std::string>();
+  return std::optional<std::string>(std::string(GetValue(res->get(), 0, 0).value_or("")));
+}
+
+Status WriteState(Connection& conn, std::string_view slot, std::string_view key,
+                  std::string_view value) {
+  std::optional<std::string> params[] = {std::string(slot), std::string(key), std::string(value)};
+  auto res = conn.ExecParams(
+      "INSERT INTO outbox_relay.state (slot_name, key, value) VALUES ($1, $2, $3) "
+      "ON CONFLICT (slot_name, key) DO UPDATE SET value = EXCLUDED.value, updated_at = NOW()",
+      params);
+  if (!res) return std::unexpected(res.error());
+  return Ok();
+}
+
+Status DeleteState(Connection& conn, std::string_view slot, std::string_view key) {
+  std::optional<std::string> params[] = {std::string(slot), std::string(key)};
+  auto res =
+      conn.ExecParams("DELETE FROM outbox_relay.state WHERE slot_name = $1 AND key = $2", params);
+  if (!res) return std::unexpected(res.error());
+  return Ok();
+}
+
+Result<bool> TrySlotSetupLock(Connection& conn, std::string_view slot) {
+  // The key is the one every version of the relay took, so that one being
+  // rolled out and one of the old version exclude each other too.
+  std::optional<std::string> params[] = {std::string(slot)};
+  auto res = conn.ExecParams(
+      "SELECT pg_try_advisory_lock(hashtext('outbox_relay.slot_creation'), hashtext($1))", params);
+  if (!res) return std::unexpected(res.error());
+  return GetValue(res->get(), 0, 0) == std::optional<std::string_view>("t");
+}
+
 }  // namespace outbox_relay::pg

@@ -43,9 +43,9 @@ class ExactMarking : public RelayTest {
 TEST_F(ExactMarking, BackfillPageEndingInsideATransactionMarksOnlyWhatKafkaHas) {
   CreateTables();
   // One 5,600-row transaction written before the slot exists: the backfill
-  // reads it in two pages (5,000 rows, then 600), one row in flight at a time
-  // (slow on purpose: the window between the first page's marking and the
-  // second page's delivery is wide).
+  // reads it in two pages (5,000 rows, then 600), five rows in flight at a
+  // time (slow on purpose: the second page takes over a hundred round trips,
+  // a wide window between the first page's marking and its delivery).
   Ledger ledger;
   Writer writer(Workload(), &ledger, -1, 101);
   ASSERT_TRUE(writer.Transaction({.rows = 5600}));

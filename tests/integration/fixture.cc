@@ -128,6 +128,36 @@ WorkloadOptions RelayTest::Workload() const {
   return o;
 }
 
+WrittenRow RelayTest::InsertRow(Pg& pg, const RowSpec& spec) {
+  WrittenRow w;
+  w.uuid = NewUlid();
+  w.aggregate = spec.agg;
+  w.seq = spec.seq;
+  std::map<std::string, std::string> metadata = {{"Aggregate-Id", spec.agg},
+                                                 {"Event-Type", spec.event_type},
+                                                 {"Source-Service", spec.service}};
+  w.metadata_json = GoJsonObject(metadata);
+  w.expected.topic = fmt::format("{}.{}.{}", topic_prefix_, spec.service,
+                                 spec.event_type.substr(0, spec.event_type.find('.')));
+  w.expected.key = spec.agg;
+  w.expected.value =
+      fmt::format(R"({{"agg":"{}","seq":{}{}}})", spec.agg, spec.seq,
+                  spec.pad == 0 ? "" : R"(,"pad":")" + std::string(spec.pad, 'p') + "\"");
+  w.expected.headers = ExpectedHeaders(w.uuid, metadata);
+  std::string payload = spec.stored_payload.value_or(*w.expected.value);
+  auto rows = spec.created_at
+                  ? pg.Query(fmt::format("INSERT INTO {} (uuid, payload, metadata, created_at) "
+                                         "VALUES ($1, $2, $3, $4) RETURNING transaction_id::text",
+                                         QuoteIdent(name_)),
+                             {w.uuid, payload, w.metadata_json, *spec.created_at})
+                  : pg.Query(fmt::format("INSERT INTO {} (uuid, payload, metadata) VALUES ($1, $2, "
+                                         "$3) RETURNING transaction_id::text",
+                                         QuoteIdent(name_)),
+                             {w.uuid, payload, w.metadata_json});
+  w.xid = rows.at(0)[0].value_or("");
+  return w;
+}
+
 int64_t RelayTest::UnackedRows() {
   return db_->Int(
       fmt::format("SELECT count(*) FROM {} WHERE offset_acked IS NULL", QuoteIdent(name_)));

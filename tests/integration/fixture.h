@@ -41,6 +41,23 @@ class RelayTest : public ::testing::Test {
 
   WorkloadOptions Workload() const;
 
+  // One row of this test's table, inserted by `pg` (inside its transaction,
+  // if one is open): aggregate `agg`, event type `event_type` of service
+  // `service`, payload {"agg":...,"seq":...} (padded with `pad` bytes), with
+  // Go-marshalled metadata; and the record the contract says it becomes.
+  // `stored_payload` replaces the payload in the table (the expectation keeps
+  // the normal one: for rows that are expected not to arrive as themselves).
+  struct RowSpec {
+    std::string service = "small";
+    std::string event_type = "small.made";
+    std::string agg = "small-1";
+    int64_t seq = 1;
+    size_t pad = 0;
+    std::optional<std::string> created_at;      // default: the column's default
+    std::optional<std::string> stored_payload;  // default: the expected payload
+  };
+  WrittenRow InsertRow(Pg& pg, const RowSpec& spec);
+
   // Polls until no row of the outbox table is unacked; returns the unacked count left.
   int64_t WaitAllAcked(std::chrono::milliseconds timeout);
   // Rows whose offset_acked is NULL, and rows whose offset_acked differs from offset_consumed.

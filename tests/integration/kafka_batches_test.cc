@@ -32,31 +32,8 @@ TEST_F(KafkaBatches, SmallRecordsOfATopicWithASmallLimitAreDeliveredNotDeadLette
   Pg writer(env_.database_url);
   std::vector<WrittenRow> rows;
   writer.Exec("BEGIN");
-  for (int i = 1; i <= 200; ++i) {
-    WrittenRow w;
-    w.uuid = NewUlid();
-    w.aggregate = "small-1";
-    w.seq = i;
-    std::map<std::string, std::string> metadata = {
-        {"Aggregate-Id", w.aggregate}, {"Event-Type", "small.made"}, {"Source-Service", "small"}};
-    w.metadata_json = GoJsonObject(metadata);
-    w.expected.topic = topic;
-    w.expected.key = w.aggregate;
-    w.expected.value =
-        fmt::format(R"({{"agg":"{}","seq":{},"pad":"{}"}})", w.aggregate, i, std::string(40, 'p'));
-    w.expected.headers = ExpectedHeaders(w.uuid, metadata);
-    auto r = writer.Query(fmt::format("INSERT INTO {} (uuid, payload, metadata) VALUES ($1, $2, "
-                                      "$3) RETURNING transaction_id::text",
-                                      QuoteIdent(name_)),
-                          {w.uuid, w.expected.value, w.metadata_json});
-    w.xid = r.at(0)[0].value_or("");
-    rows.push_back(std::move(w));
-  }
-  const std::string big_uuid = NewUlid();
-  writer.Exec(fmt::format("INSERT INTO {} (uuid, payload, metadata) VALUES ($1, $2, $3)",
-                          QuoteIdent(name_)),
-              {big_uuid, R"({"pad":")" + std::string(30000, 'b') + R"("})",
-               R"({"Aggregate-Id":"small-2","Event-Type":"small.made","Source-Service":"small"})"});
+  for (int i = 1; i <= 200; ++i) rows.push_back(InsertRow(writer, {.seq = i, .pad = 40}));
+  const std::string big_uuid = InsertRow(writer, {.agg = "small-2", .pad = 30000}).uuid;
   writer.Exec("COMMIT");
 
   RelayProcess& relay = StartRelay();

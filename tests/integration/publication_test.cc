@@ -34,26 +34,13 @@ class Publication : public RelayTest {
     RelayTest::TearDown();
   }
 
-  // A row of this test's table with an explicit created_at (routing it to a
-  // partition), and the record the contract says it becomes.
+  // A row with an explicit created_at (routing it to a partition).
   WrittenRow InsertAt(Pg& pg, const std::string& created_at, int64_t seq) {
-    WrittenRow w;
-    w.uuid = NewUlid();
-    w.aggregate = "part-1";
-    w.seq = seq;
-    std::map<std::string, std::string> metadata = {
-        {"Aggregate-Id", w.aggregate}, {"Event-Type", "part.moved"}, {"Source-Service", "part"}};
-    w.metadata_json = GoJsonObject(metadata);
-    w.expected.topic = topic_prefix_ + ".part.part";
-    w.expected.key = w.aggregate;
-    w.expected.value = fmt::format(R"({{"agg":"{}","seq":{}}})", w.aggregate, seq);
-    w.expected.headers = ExpectedHeaders(w.uuid, metadata);
-    auto rows = pg.Query(fmt::format("INSERT INTO {} (uuid, payload, metadata, created_at) "
-                                     "VALUES ($1, $2, $3, $4) RETURNING transaction_id::text",
-                                     QuoteIdent(name_)),
-                         {w.uuid, w.expected.value, w.metadata_json, created_at});
-    w.xid = rows.at(0)[0].value_or("");
-    return w;
+    return InsertRow(pg, {.service = "part",
+                          .event_type = "part.moved",
+                          .agg = "part-1",
+                          .seq = seq,
+                          .created_at = created_at});
   }
 
   // Starts the relay and expects it to refuse: exit 2, the message naming

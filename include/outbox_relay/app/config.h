@@ -5,19 +5,28 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "outbox_relay/core/result.h"
+#include "outbox_relay/kafka/producer.h"
 #include "outbox_relay/outbox/record.h"
 #include "outbox_relay/pg/connection.h"
+#include "outbox_relay/pipeline/publisher.h"
+#include "outbox_relay/pipeline/slot_setup.h"
 
 namespace CLI {
 class App;
 }
 
 namespace outbox_relay::app {
+
+enum class SinkKind {
+  kKafka,
+  kNull,  // every record is "delivered" at once: benchmarks of everything but Kafka
+};
 
 struct LogConfig {
   std::string format = "text";  // text | json
@@ -37,17 +46,17 @@ struct RelayConfig {
   std::string created_at_column = "created_at";  // "" = no outbox_forwarder_lag_seconds
   bool mark = true;
   std::vector<std::string> kafka_properties;  // "key=value"
-  std::string sink = "kafka";                 // kafka | null (benchmarks)
+  std::string sink_flag = "kafka";            // --sink: kafka | null (benchmarks)
   int64_t max_in_flight = 20000;              // rows produced but not yet acknowledged
   int64_t marker_batch = 2000;                // transactions per marking statement
   int64_t status_interval_ms = 1000;
   int64_t shutdown_timeout_ms = 25000;
-  std::string on_poison = "dlq";  // dlq | halt
+  std::string on_poison_flag = "dlq";  // --on-poison: dlq | halt
   std::string dlq_topic = "outbox-relay.dlq";
   int64_t dlq_max_bytes = 1000000;
-  std::string on_slot_lost = "reconcile";  // reconcile | fail
-  bool backfill = true;                    // publish unacked rows older than a newly created slot
-  int64_t backfill_batch = 5000;           // rows per backfill query
+  std::string on_slot_lost_flag = "reconcile";  // --on-slot-lost: reconcile | fail
+  bool backfill = true;           // publish unacked rows older than a newly created slot
+  int64_t backfill_batch = 5000;  // rows per backfill query
   bool create_topics = false;
   int64_t topic_partitions = 3;
   int64_t topic_replication_factor = -1;  // -1: the broker's default
@@ -57,6 +66,9 @@ struct RelayConfig {
 
   // Filled by Validate():
   pg::QualifiedName table_name;
+  SinkKind sink = SinkKind::kKafka;
+  pipeline::OnPoison on_poison = pipeline::OnPoison::kDeadLetter;
+  pipeline::OnSlotLost on_slot_lost = pipeline::OnSlotLost::kReconcile;
   std::vector<std::pair<std::string, std::string>> kafka_property_pairs;
 };
 
@@ -66,6 +78,13 @@ void AddLogFlags(CLI::App& app, LogConfig& config);
 
 // Checks values that flags alone cannot (kInvalidArgument naming the setting).
 Status Validate(RelayConfig& config);
+
+// The Kafka producer's options from the relay's settings (run, replay, check).
+kafka::ProducerOptions ProducerOptionsOf(const RelayConfig& config);
+// The sink records go to: the Kafka producer, or the null sink.
+Result<std::unique_ptr<kafka::Sink>> MakeSink(const RelayConfig& config,
+                                              kafka::DeliveryCallback on_delivery,
+                                              kafka::SinkErrorCallback on_error = {});
 
 // Splits "a=b;c=d" or newline-separated lists (OUTBOX_KAFKA_PROPERTIES).
 std::vector<std::string> SplitPropertyList(std::string_view text);

@@ -1,35 +1,41 @@
-// `outbox-relay run`: the replication loop and its wiring.
+// `outbox-relay run`: the supervisor of the streaming pipeline.
 //
-//   walsender ──CopyData──▶ ReplicationStream ──▶ pgoutput::Decode ──▶ RecordMapper
-//        ▲                                                                  │
-//        │ standby status (flush = tracker.confirmed())                     ▼
-//   AckTracker ◀── delivery reports (Kafka poller thread) ◀── Sink::Produce
-//        ▲
-//        └── Marker thread: UPDATE offset_acked + commit index, then OnMarked
+//   Relay (this) ── retries, backoff, standby, shutdown, health, metrics
+//     ├─ pipeline::SlotSetup      slot, stored snapshot, backfill
+//     ├─ pipeline::StreamSession  one replication connection: decode → publish → status
+//     ├─ pipeline::Publisher      mapping, dead letters, the Sink, deliveries
+//     ├─ tracking::AckTracker     what may be confirmed (the confirmation rule)
+//     ├─ marker::Marker           offset_acked + commit index (own thread, own connection)
+//     ├─ Sampler                  row counts, lag, slot WAL (own thread, own connection)
+//     └─ metrics::HttpServer      /metrics /healthz /readyz (civetweb's threads)
 //
-// One thread runs the loop below; it never blocks on the socket and sends a
-// status update at least every status interval, whatever else it is waiting
-// for. Backpressure: when too many rows are in flight (or the marker lags),
-// it stops reading the socket until deliveries catch up.
+// Threads and what each may touch:
+// - the loop thread (the one in Run) owns everything here and calls the
+//   pipeline, the supervisor's state and the sink's lifecycle;
+// - the sink's threads call Publisher::OnDelivery (tracker, stats, metrics);
+// - the marker thread uses the tracker and sets `last_marker_error_ns_`;
+// - the HTTP threads read `stats_`, `metrics_` and `tracker_` only (all
+//   thread-safe, all alive as long as the Relay), and `counted_` under
+//   `refresh_mu_`. `http_` is declared last so it is destroyed (its threads
+//   joined) before anything they read.
 #pragma once
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <optional>
 
 #include "outbox_relay/app/config.h"
 #include "outbox_relay/app/sampler.h"
-#include "outbox_relay/app/stats.h"
 #include "outbox_relay/core/result.h"
-#include "outbox_relay/kafka/producer.h"
-#include "outbox_relay/kafka/sink.h"
 #include "outbox_relay/marker/marker.h"
 #include "outbox_relay/metrics/http_server.h"
 #include "outbox_relay/metrics/metrics.h"
-#include "outbox_relay/outbox/dead_letter.h"
-#include "outbox_relay/outbox/record.h"
-#include "outbox_relay/pg/replication.h"
-#include "outbox_relay/pgoutput/decoder.h"
+#include "outbox_relay/pipeline/publisher.h"
+#include "outbox_relay/pipeline/slot_setup.h"
+#include "outbox_relay/pipeline/stats.h"
+#include "outbox_relay/pipeline/stop.h"
+#include "outbox_relay/pipeline/stream_session.h"
 #include "outbox_relay/tracking/ack_tracker.h"
 
 namespace outbox_relay::app {
@@ -43,100 +49,37 @@ class Relay {
   // error (returns non-zero after logging it).
   int Run(const std::atomic<bool>& stop);
 
-  const RelayStats& stats() const { return stats_; }
+  const pipeline::RelayStats& stats() const { return stats_; }
 
  private:
-  // A record the broker refused for good after the producer had taken it
-  // (e.g. larger than the topic's max.message.bytes). Reported on the
-  // producer's poller thread, dead-lettered on the loop thread: the poller is
-  // the only thread that frees producer queue space, so it must never wait
-  // for some. The refused message keeps its pending token until then.
-  struct RefusedRecord {
-    tracking::Transaction* tx = nullptr;
-    std::string uuid;
-    std::optional<std::string> value;
-    std::string reason;
-  };
-
+  // Table, relay schema, publication, sink, marker, publisher: everything
+  // that can be checked before touching the slot.
   Status Prepare();
-  // Publication, slot (created, or recreated when lost) and the snapshot
-  // backfill a new slot needs. Runs at start and after a slot loss.
-  Status SetupSlot(const std::atomic<bool>& stop);
-  Status Backfill(pg::Connection& conn, const std::string& snapshot, const std::atomic<bool>& stop);
-  Status StreamSession(pg::ReplicationStream& stream, const std::atomic<bool>& stop);
-  Status HandleXLogData(std::string_view data, pg::ReplicationStream& stream);
-  Status HandleInsert(const pgoutput::Insert& insert, pg::ReplicationStream& stream);
-  Status HandleRelation(const pgoutput::Relation& relation);
-  // Offers `record` to the sink until it is taken (waiting while its queue
-  // is full, talking to the walsender meanwhile); no tracker accounting.
-  // `stream` may be null (backfill, shutdown): then there is no walsender to
-  // keep content.
-  Status Offer(const outbox::KafkaRecord& record, tracking::Transaction* tx,
-               pg::ReplicationStream* stream);
-  // Offer plus the tracker's count of one more message of `tx`.
-  Status Produce(const outbox::KafkaRecord& record, tracking::Transaction* tx,
-                 pg::ReplicationStream* stream);
-  Status MapAndProduce(const outbox::ColumnMap& columns, const pgoutput::TupleData& row,
-                       tracking::Transaction* tx, pg::ReplicationStream* stream);
-  Status DeadLetter(const Error& reason, const outbox::RowIdentity& identity,
-                    const outbox::ColumnMap& columns, const pgoutput::TupleData& row,
-                    tracking::Transaction* tx, pg::ReplicationStream* stream);
-  // Loop thread: dead-letters the records the poller handed over.
-  Status DeadLetterRefused(pg::ReplicationStream* stream);
-  Status SendStatus(pg::ReplicationStream& stream, bool force);
-  void OnDelivery(const kafka::Delivery& delivery);
-  // A stop was asked for long enough ago that an open transaction is given
-  // up rather than read to its end (half the shutdown timeout).
-  bool StopGraceOver();
-  int Shutdown(pg::ReplicationStream* stream, bool failed);
-  bool Backpressured() const;
+  // One replication connection, from START_REPLICATION to its end.
+  Status Stream(std::optional<pipeline::StreamSession>* session,
+                std::optional<pipeline::PgSource>* source);
+  // Waits (bounded) for what is in flight, dead-lettering refused records.
+  void Drain(std::chrono::milliseconds bound);
+  int Shutdown(pipeline::StreamSession* session, bool failed);
   Status StartHttp();
   void RefreshMetrics();
   metrics::Health Healthz() const;
   metrics::Health Readyz() const;
-  void LogProgress();
 
-  // Ownership: the loop thread (the one in Run) owns everything below unless
-  // a comment says otherwise. The Kafka poller threads call OnDelivery; the
-  // marker thread and the poller threads use `tracker_` (thread-safe, made
-  // once, never replaced); the HTTP threads read `stats_`, `metrics_`,
-  // `counted_` and `tracker_` only.
   RelayConfig config_;
-  RelayStats stats_;          // atomics: any thread
-  metrics::Metrics metrics_;  // thread-safe
+  pipeline::RelayStats stats_;                           // atomics: any thread
+  metrics::Metrics metrics_;                             // thread-safe
+  const std::unique_ptr<tracking::AckTracker> tracker_;  // thread-safe; made once
+  std::optional<pipeline::StopSignal> stop_;             // set by Run
   std::unique_ptr<Sampler> sampler_;
-  std::mutex refresh_mu_;  // RefreshMetrics (HTTP threads)
-  RelayStats counted_;     // what RefreshMetrics already added to the counters
-  const std::unique_ptr<tracking::AckTracker> tracker_;
-  std::unique_ptr<kafka::Sink> sink_;
   std::unique_ptr<marker::Marker> marker_;
-  std::optional<outbox::RecordMapper> mapper_;
-  std::optional<outbox::DeadLetterBuilder> dead_letters_;
-  std::mutex refused_mu_;  // poller threads push, the loop thread takes
-  std::vector<RefusedRecord> refused_;
-  std::atomic<bool> has_refused_{false};
+  std::unique_ptr<pipeline::Publisher> publisher_;
+  std::unique_ptr<pipeline::SlotSetup> slot_setup_;
   bool need_slot_setup_ = true;
-  const std::atomic<bool>* stop_ = nullptr;  // Run's stop flag, for waits deep in the loop
-  std::chrono::steady_clock::time_point stop_seen_{};  // when the loop first saw it
-  // The loss being recovered was counted already (outbox_relay_slot_lost_total
-  // counts each loss once, though both the stream and the slot setup see it,
-  // and the setup may be retried).
-  bool slot_loss_counted_ = false;
-  kafka::KafkaProducer* producer_ = nullptr;      // sink_ when it is Kafka
-  uint64_t test_fatal_after_ = 0;                 // OUTBOX_TEST_FAULT=fatal-after:N
-  std::atomic<int64_t> last_marker_error_ns_{0};  // marker thread writes; steady clock; 0: none
+  std::atomic<int64_t> last_marker_error_ns_{0};  // the marker thread writes; steady clock
 
-  // Replication-loop state.
-  pgoutput::RelationCache relations_;
-  pgoutput::DecodedMessage message_;
-  pgoutput::DecodedMessage insert_message_;
-  pgoutput::Oid outbox_relid_ = 0;
-  std::optional<outbox::ColumnMap> columns_;
-  tracking::Transaction* open_tx_ = nullptr;
-  Lsn received_;  // highest server WAL end seen: our "write" position
-  Lsn last_sent_flush_;
-  std::chrono::steady_clock::time_point last_status_{};
-  std::chrono::steady_clock::time_point last_progress_log_{};
+  std::mutex refresh_mu_;         // RefreshMetrics (HTTP threads)
+  pipeline::RelayStats counted_;  // what RefreshMetrics already added to the counters
 
   // Last, so it is destroyed first: its threads call into the members above.
   std::unique_ptr<metrics::HttpServer> http_;

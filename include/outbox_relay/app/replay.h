@@ -110,15 +110,4 @@ struct ReplayReport {
 // stdout. Returns the exit code.
 int ReplayCommand(ReplayConfig& config);
 
-// --- SQL rows as pgoutput structures (shared with the snapshot backfill) ---
-
-// The columns of a query result as a pgoutput Relation (names, type OIDs and
-// modifiers), so ColumnMap::Resolve finds the outbox columns by name exactly
-// as in a streamed Relation message.
-pgoutput::Relation RelationFromResult(const PGresult* res);
-// Row `row` of `res` in the form a pgoutput Insert carries it: text values
-// (the type's output function, as pgoutput sends them), SQL NULL as kNull.
-// The values are views into `res`.
-void TupleFromResult(const PGresult* res, int row, pgoutput::TupleData* out);
-
 }  // namespace outbox_relay::app

@@ -5,6 +5,10 @@
 //   state    — key/value state per slot (the stored backfill snapshot).
 #pragma once
 
+#include <optional>
+#include <string>
+#include <string_view>
+
 #include "outbox_relay/core/result.h"
 #include "outbox_relay/pg/connection.h"
 
@@ -43,5 +47,18 @@ inline constexpr const char* kStateSlotCreating = "slot_creating";
 // Creates the schema and tables when missing (idempotent). Without the
 // privilege: kPermission with the SQL to run.
 Status EnsureRelaySchema(Connection& conn);
+
+// outbox_relay.state: one value per (slot, key); nullopt when absent.
+Result<std::optional<std::string>> ReadState(Connection& conn, std::string_view slot,
+                                             std::string_view key);
+Status WriteState(Connection& conn, std::string_view slot, std::string_view key,
+                  std::string_view value);
+Status DeleteState(Connection& conn, std::string_view slot, std::string_view key);
+
+// A session-level advisory lock per slot, held by the instance that sets the
+// slot up (creation, stored snapshot, backfill) until it is done: released
+// when `conn`'s session ends, so also when the instance dies. False: another
+// session holds it.
+Result<bool> TrySlotSetupLock(Connection& conn, std::string_view slot);
 
 }  // namespace outbox_relay::pg

@@ -18,6 +18,7 @@
 #include "outbox_relay/app/replay.h"
 #include "outbox_relay/app/slot_command.h"
 #include "outbox_relay/outbox/record.h"
+#include "outbox_relay/pg/rows.h"
 
 namespace outbox_relay::app {
 namespace {
@@ -217,7 +218,7 @@ TEST(OpsReplaySettings, DryRunNeedsNoKafka) {
   EXPECT_NE(st.error().message.find("KAFKA_BROKERS"), std::string::npos);
   c.dry_run = true;
   EXPECT_TRUE(ValidateReplay(c));
-  EXPECT_EQ(c.relay.sink, "kafka");  // untouched by the dry run's validation
+  EXPECT_EQ(c.relay.sink_flag, "kafka");  // untouched by the dry run's validation
 }
 
 TEST(OpsCheckOutput, TextShowsFixesAndJsonParses) {
@@ -322,7 +323,7 @@ TEST(OpsReplayRows, SqlRowsMapLikeStreamedInserts) {
   set(5, "12");
   set(6, nullptr);
 
-  pgoutput::Relation relation = RelationFromResult(res.get());
+  pgoutput::Relation relation = pg::RelationOf(res.get());
   ASSERT_EQ(relation.columns.size(), 7u);
   EXPECT_EQ(relation.columns[1].name, "uuid");
   EXPECT_EQ(relation.columns[1].type_oid, 1043u);
@@ -333,7 +334,7 @@ TEST(OpsReplayRows, SqlRowsMapLikeStreamedInserts) {
   EXPECT_EQ(columns->offset, 5);
 
   pgoutput::TupleData tuple;
-  TupleFromResult(res.get(), 0, &tuple);
+  pg::TupleOf(res.get(), 0, &tuple);
   ASSERT_EQ(tuple.values.size(), 7u);
   EXPECT_EQ(tuple.values[6].kind, pgoutput::TupleValue::Kind::kNull);
   EXPECT_EQ(tuple.values[2].kind, pgoutput::TupleValue::Kind::kText);

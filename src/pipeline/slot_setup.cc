@@ -1,26 +1,14 @@
-// Slot lifecycle: first start, snapshot backfill, and recovery from a lost slot.
-//
-// A logical slot only streams transactions that commit after its consistent
-// point. Rows committed before it (the polling forwarder's backlog at
-// migration, or everything unacked when a slot was lost) are found with the
-// slot's exported snapshot: CREATE_REPLICATION_SLOT ... (SNAPSHOT 'export')
-// gives a snapshot that sees exactly the transactions committed before the
-// consistent point. We import it once, store `pg_current_snapshot()` in
-// outbox_relay.state, and publish
-//   offset_acked IS NULL AND pg_visible_in_snapshot(transaction_id, <stored>)
-// before streaming. The two sets are disjoint and together are every row.
-// Because the snapshot is stored, a crash mid-backfill resumes from it, and
-// rows already published and marked drop out by `offset_acked IS NULL`.
+#include "outbox_relay/pipeline/slot_setup.h"
+
 #include <spdlog/spdlog.h>
 
-#include <thread>
 #include <utility>
 
-#include "outbox_relay/app/relay.h"
-#include "outbox_relay/app/replay.h"
 #include "outbox_relay/pg/relay_schema.h"
+#include "outbox_relay/pg/replication.h"
+#include "outbox_relay/pg/rows.h"
 
-namespace outbox_relay::app {
+namespace outbox_relay::pipeline {
 
 namespace {
 
@@ -28,52 +16,24 @@ constexpr const char* kSnapshotKey = pg::kStateBackfillSnapshot;
 constexpr const char* kCreatedKey = pg::kStateSlotCreated;
 constexpr const char* kCreatingKey = pg::kStateSlotCreating;
 
-Result<std::optional<std::string>> ReadState(pg::Connection& conn, const std::string& slot,
-                                             const char* key) {
-  std::optional<std::string> params[] = {slot, std::string(key)};
-  auto res = conn.ExecParams(
-      "SELECT value FROM outbox_relay.state WHERE slot_name = $1 AND key = $2", params);
-  if (!res) return std::unexpected(res.error());
-  if (PQntuples(res->get()) == 0) return std::optional<std::string>();
-  return std::optional<std::string>(std::string(*pg::GetValue(res->get(), 0, 0)));
-}
-
-Status WriteState(pg::Connection& conn, const std::string& slot, const char* key,
-                  const std::string& value) {
-  std::optional<std::string> params[] = {slot, std::string(key), value};
-  auto res = conn.ExecParams(
-      "INSERT INTO outbox_relay.state (slot_name, key, value) VALUES ($1, $2, $3) "
-      "ON CONFLICT (slot_name, key) DO UPDATE SET value = EXCLUDED.value, updated_at = NOW()",
-      params);
-  if (!res) return std::unexpected(res.error());
-  return Ok();
-}
-
-Status DeleteState(pg::Connection& conn, const std::string& slot, const char* key) {
-  std::optional<std::string> params[] = {slot, std::string(key)};
-  auto res =
-      conn.ExecParams("DELETE FROM outbox_relay.state WHERE slot_name = $1 AND key = $2", params);
-  if (!res) return std::unexpected(res.error());
-  return Ok();
-}
-
-// A session-level advisory lock per slot, held by the instance that sets the
-// slot up (creation, stored snapshot, backfill) until it is done (released
-// when the session ends, so also when the instance dies).
-Result<bool> TrySetupLock(pg::Connection& conn, const std::string& slot) {
-  std::optional<std::string> params[] = {slot};
-  auto res = conn.ExecParams(
-      "SELECT pg_try_advisory_lock(hashtext('outbox_relay.slot_creation'), hashtext($1))", params);
-  if (!res) return std::unexpected(res.error());
-  return *pg::GetValue(res->get(), 0, 0) == "t";
-}
-
 }  // namespace
 
-Status Relay::SetupSlot(const std::atomic<bool>& stop) {
-  auto conn = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kNormal);
+SlotSetup::SlotSetup(SlotSetupOptions options, Publisher* publisher, tracking::AckTracker* tracker,
+                     RelayStats* stats, StopSignal* stop)
+    : options_(std::move(options)),
+      publisher_(publisher),
+      tracker_(tracker),
+      stats_(stats),
+      stop_(stop) {}
+
+void SlotSetup::CountLoss() {
+  if (!std::exchange(loss_counted_, true)) stats_->slot_lost.fetch_add(1);
+}
+
+Status SlotSetup::Run() {
+  auto conn = pg::Connection::Open(options_.database_url, pg::Connection::Mode::kNormal);
   if (!conn) return std::unexpected(conn.error());
-  auto slot = pg::QuerySlot(*conn, config_.slot);
+  auto slot = pg::QuerySlot(*conn, options_.slot);
   if (!slot) return std::unexpected(slot.error());
   if (slot->exists && !slot->database.empty() && slot->database != conn->database()) {
     // Slot names are unique per cluster, not per database: waiting for this
@@ -82,9 +42,9 @@ Status Relay::SetupSlot(const std::atomic<bool>& stop) {
                 "invalid setting --slot (OUTBOX_SLOT): replication slot {} belongs to database "
                 "{}, not to {}: slot names are shared by all databases of a cluster, so the "
                 "relay of each database needs its own (e.g. --slot outbox_relay_{})",
-                config_.slot, slot->database, conn->database(), conn->database());
+                options_.slot, slot->database, conn->database(), conn->database());
   }
-  auto created_before = ReadState(*conn, config_.slot, kCreatedKey);
+  auto created_before = pg::ReadState(*conn, options_.slot, kCreatedKey);
   if (!created_before) return std::unexpected(created_before.error());
 
   // One instance at a time sets the slot up: creates it, stores its snapshot
@@ -94,14 +54,14 @@ Status Relay::SetupSlot(const std::atomic<bool>& stop) {
   // `conn`: held until this function returns, released too when the
   // instance dies, so a successor resumes the backfill from the stored
   // snapshot. Everything below reads the state under the lock.
-  auto locked = TrySetupLock(*conn, config_.slot);
+  auto locked = pg::TrySlotSetupLock(*conn, options_.slot);
   if (!locked) return std::unexpected(locked.error());
   if (!*locked) {
     return Fail(ErrorCode::kSlotInUse,
                 "slot {} is being set up by another instance (created, or backfilled)",
-                config_.slot);
+                options_.slot);
   }
-  auto creating = ReadState(*conn, config_.slot, kCreatingKey);
+  auto creating = pg::ReadState(*conn, options_.slot, kCreatingKey);
   if (!creating) return std::unexpected(creating.error());
 
   // A kill between CREATE_REPLICATION_SLOT and storing the slot's snapshot
@@ -116,8 +76,8 @@ Status Relay::SetupSlot(const std::atomic<bool>& stop) {
         "replication slot {} was created by an instance that stopped before it stored the "
         "slot's snapshot: dropping it and creating it again, so that the backfill covers every "
         "row committed before it",
-        config_.slot);
-    std::optional<std::string> params[] = {config_.slot};
+        options_.slot);
+    std::optional<std::string> params[] = {options_.slot};
     auto dropped = conn->ExecParams("SELECT pg_drop_replication_slot($1)", params);
     if (!dropped) return std::unexpected(dropped.error());
     slot->exists = false;
@@ -130,48 +90,48 @@ Status Relay::SetupSlot(const std::atomic<bool>& stop) {
   if (slot->exists && slot->plugin != "pgoutput") {
     return Fail(ErrorCode::kInvalidArgument,
                 "invalid setting --slot (OUTBOX_SLOT): slot {} uses plugin {}, not pgoutput",
-                config_.slot, slot->plugin);
+                options_.slot, slot->plugin);
   }
   if (lost) {
     std::string why = invalidated ? "was invalidated (wal_status=lost; the WAL it needed is gone, "
                                     "see max_slot_wal_keep_size)"
                                   : "is missing (dropped?)";
-    if (config_.on_slot_lost != "reconcile") {
+    if (options_.on_slot_lost != OnSlotLost::kReconcile) {
       return Fail(ErrorCode::kSlotLost,
                   "replication slot {} {}. Rows committed while it was gone are not lost (they "
                   "are still unacked in {}); restart with OUTBOX_ON_SLOT_LOST=reconcile to "
                   "recreate the slot and publish them",
-                  config_.slot, why, config_.table_name.ToString());
+                  options_.slot, why, options_.table.ToString());
     }
     spdlog::error("replication slot {} {}: recreating it and backfilling the unacked rows",
-                  config_.slot, why);
-    if (!std::exchange(slot_loss_counted_, true)) stats_.slot_lost.fetch_add(1);
+                  options_.slot, why);
+    CountLoss();
     if (invalidated) {
-      std::optional<std::string> params[] = {config_.slot};
+      std::optional<std::string> params[] = {options_.slot};
       auto dropped = conn->ExecParams("SELECT pg_drop_replication_slot($1)", params);
       if (!dropped) return std::unexpected(dropped.error());
     }
   }
 
   if (!slot->exists || invalidated) {
-    auto repl = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kReplication);
+    auto repl = pg::Connection::Open(options_.database_url, pg::Connection::Mode::kReplication);
     if (!repl) return std::unexpected(repl.error());
-    bool backfill = config_.backfill && config_.mark;
+    bool backfill = options_.backfill && options_.mark;
     if (backfill) {
-      if (auto st = WriteState(*conn, config_.slot, kCreatingKey, "creating"); !st) return st;
+      if (auto st = pg::WriteState(*conn, options_.slot, kCreatingKey, "creating"); !st) return st;
     }
-    auto created = pg::CreateSlot(*repl, config_.slot, /*export_snapshot=*/backfill);
+    auto created = pg::CreateSlot(*repl, options_.slot, /*export_snapshot=*/backfill);
     if (!created) {
       // Another instance may have won the race to create it: then it is the
       // active one and we are its standby.
-      auto again = pg::QuerySlot(*conn, config_.slot);
+      auto again = pg::QuerySlot(*conn, options_.slot);
       if (again && again->exists) {
         return Fail(ErrorCode::kSlotInUse, "slot {} was just created by another instance",
-                    config_.slot);
+                    options_.slot);
       }
       return std::unexpected(created.error());
     }
-    spdlog::info("created replication slot {} at {}", config_.slot, created->consistent_point);
+    spdlog::info("created replication slot {} at {}", options_.slot, created->consistent_point);
     if (backfill) {
       // Import the exported snapshot and keep it in a form that survives us.
       std::string sql = fmt::format(
@@ -182,43 +142,42 @@ Status Relay::SetupSlot(const std::atomic<bool>& stop) {
       if (!snap) return std::unexpected(snap.error());
       std::string snapshot(*pg::GetValue(snap->get(), 0, 0));
       if (auto c = conn->Exec("COMMIT"); !c) return std::unexpected(c.error());
-      if (auto st = WriteState(*conn, config_.slot, kSnapshotKey, snapshot); !st) return st;
+      if (auto st = pg::WriteState(*conn, options_.slot, kSnapshotKey, snapshot); !st) return st;
       spdlog::info("stored the slot's snapshot {} for the backfill", snapshot);
-    } else if (!config_.mark) {
+    } else if (!options_.mark) {
       spdlog::warn("--mark=false: no backfill of rows committed before the slot");
     }
     if (auto st =
-            WriteState(*conn, config_.slot, kCreatedKey, created->consistent_point.ToString());
+            pg::WriteState(*conn, options_.slot, kCreatedKey, created->consistent_point.ToString());
         !st) {
       return st;
     }
     // The snapshot is stored: from here a restart resumes the backfill.
-    if (auto st = DeleteState(*conn, config_.slot, kCreatingKey); !st) return st;
+    if (auto st = pg::DeleteState(*conn, options_.slot, kCreatingKey); !st) return st;
     // The exported snapshot lives until the next command on `repl`; it is
     // stored now, so the connection can go.
-    slot = pg::QuerySlot(*conn, config_.slot);
+    slot = pg::QuerySlot(*conn, options_.slot);
     if (!slot) return std::unexpected(slot.error());
   }
 
   if (!tracker_->ResetConfirmed(slot->confirmed_flush_lsn)) {
     return Fail(ErrorCode::kFatal, "internal: slot setup with rows still in flight");
   }
-  spdlog::info("slot {}: confirmed_flush_lsn {}, wal_status {}", config_.slot,
+  spdlog::info("slot {}: confirmed_flush_lsn {}, wal_status {}", options_.slot,
                slot->confirmed_flush_lsn, slot->wal_status);
 
-  auto snapshot = ReadState(*conn, config_.slot, kSnapshotKey);
+  auto snapshot = pg::ReadState(*conn, options_.slot, kSnapshotKey);
   if (!snapshot) return std::unexpected(snapshot.error());
   if (snapshot->has_value()) {
-    if (auto st = Backfill(*conn, **snapshot, stop); !st) return st;
-    if (stop.load()) return Ok();  // resumes from the stored snapshot next time
-    if (auto st = DeleteState(*conn, config_.slot, kSnapshotKey); !st) return st;
+    if (auto st = Backfill(*conn, **snapshot); !st) return st;
+    if (stop_->requested()) return Ok();  // resumes from the stored snapshot next time
+    if (auto st = pg::DeleteState(*conn, options_.slot, kSnapshotKey); !st) return st;
   }
   return Ok();
 }
 
-Status Relay::Backfill(pg::Connection& conn, const std::string& snapshot,
-                       const std::atomic<bool>& stop) {
-  const auto& c = config_.columns;
+Status SlotSetup::Backfill(pg::Connection& conn, const std::string& snapshot) {
+  const auto& c = options_.columns;
   const std::string xid = pg::QuoteIdent(c.transaction_id);
   const std::string off = pg::QuoteIdent(c.offset);
   // Keyset pagination in (transaction_id, offset) order: bounded memory and
@@ -228,8 +187,8 @@ Status Relay::Backfill(pg::Connection& conn, const std::string& snapshot,
       "SELECT * FROM {table} WHERE {acked} IS NULL "
       "AND pg_visible_in_snapshot({xid}, $1::pg_snapshot) "
       "AND ({xid}, {off}) > ($2::xid8, $3::bigint) ORDER BY {xid}, {off} LIMIT {limit}",
-      fmt::arg("table", config_.table_name.Quoted()), fmt::arg("limit", config_.backfill_batch),
-      fmt::arg("acked", pg::QuoteIdent(config_.acked_column)), fmt::arg("xid", xid),
+      fmt::arg("table", options_.table.Quoted()), fmt::arg("limit", options_.backfill_batch),
+      fmt::arg("acked", pg::QuoteIdent(options_.acked_column)), fmt::arg("xid", xid),
       fmt::arg("off", off));
   std::optional<std::string> params[] = {snapshot, std::string("0"), std::string("-1")};
   uint64_t rows = 0;
@@ -240,19 +199,19 @@ Status Relay::Backfill(pg::Connection& conn, const std::string& snapshot,
   // Short keyset queries: JIT compilation would cost more than it saves.
   (void)conn.Exec("SET jit = off");
   pgoutput::TupleData tuple;
-  while (!stop.load()) {
-    stats_.Beat();
+  while (!stop_->requested()) {
+    stats_->Beat();
     auto res = conn.ExecParams(sql, params);
     if (!res) return std::unexpected(res.error());
     PGresult* r = res->get();
     int n = PQntuples(r);
     if (n == 0) break;
-    auto columns = outbox::ColumnMap::Resolve(RelationFromResult(r), c);
+    auto columns = outbox::ColumnMap::Resolve(pg::RelationOf(r), c);
     if (!columns) return std::unexpected(columns.error());
     tracking::Transaction* tx = nullptr;
     std::string_view tx_id;
     for (int i = 0; i < n; ++i) {
-      TupleFromResult(r, i, &tuple);
+      pg::TupleOf(r, i, &tuple);
       std::string_view row_tx = *pg::GetValue(r, i, columns->transaction_id);
       if (tx == nullptr || row_tx != tx_id) {
         // One tracker transaction per writing transaction, so marking works
@@ -262,38 +221,38 @@ Status Relay::Backfill(pg::Connection& conn, const std::string& snapshot,
         tx_id = row_tx;
         ++transactions;
       }
-      while (tracker_->rows_in_flight() >= config_.max_in_flight && !tracker_->failure() &&
-             !stop.load()) {
-        stats_.Beat();
-        if (auto st = DeadLetterRefused(nullptr); !st) {
+      while (tracker_->rows_in_flight() >= options_.max_in_flight && !tracker_->failure() &&
+             !stop_->requested()) {
+        stats_->Beat();
+        if (auto st = publisher_->DeadLetterRefused(nullptr); !st) {
           tracker_->Commit(tx, kInvalidLsn);  // what it produced is exact (marked by key)
           return st;
         }
         tracker_->WaitForProgress(std::chrono::milliseconds(2));
       }
-      if (stop.load()) break;  // resumes from the stored snapshot next time
-      if (auto st = MapAndProduce(*columns, tuple, tx, nullptr); !st) {
+      if (stop_->requested()) break;  // resumes from the stored snapshot next time
+      if (auto st = publisher_->MapAndProduce(*columns, tuple, tx, nullptr); !st) {
         // The rows produced so far are marked (by key) once Kafka has them;
         // the rest comes again from the stored snapshot.
         tracker_->Commit(tx, kInvalidLsn);
         return st;
       }
       ++rows;
-      stats_.backfilled.fetch_add(1, std::memory_order_relaxed);
+      stats_->backfilled.fetch_add(1, std::memory_order_relaxed);
     }
     if (tx != nullptr) tracker_->Commit(tx, kInvalidLsn);
     params[1] = std::string(*pg::GetValue(r, n - 1, columns->transaction_id));
     params[2] = std::string(*pg::GetValue(r, n - 1, columns->offset));
-    if (n < config_.backfill_batch) break;
+    if (n < options_.backfill_batch) break;
   }
   // Everything published and marked before the stream starts: the backfilled
   // rows committed before anything the slot will send.
   while (!tracker_->WaitEmpty(std::chrono::milliseconds(1000))) {
-    stats_.Beat();
+    stats_->Beat();
     if (auto failure = tracker_->failure())
       return Fail(ErrorCode::kFatal, "backfill: {}", *failure);
-    if (stop.load()) break;
-    if (auto st = DeadLetterRefused(nullptr); !st) return st;
+    if (stop_->requested()) break;
+    if (auto st = publisher_->DeadLetterRefused(nullptr); !st) return st;
     spdlog::info("backfill: waiting for {} rows in flight", tracker_->rows_in_flight());
   }
   auto secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -302,4 +261,4 @@ Status Relay::Backfill(pg::Connection& conn, const std::string& snapshot,
   return Ok();
 }
 
-}  // namespace outbox_relay::app
+}  // namespace outbox_relay::pipeline

@@ -1,12 +1,13 @@
-// Counters the relay keeps for logs and metrics. Atomics: written by the
-// replication loop and the delivery thread, read by anyone.
+// Counters the pipeline keeps for logs, health and metrics. Atomics: written
+// by the replication loop and the delivery threads, read by anyone (the HTTP
+// threads among them).
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 
-namespace outbox_relay::app {
+namespace outbox_relay::pipeline {
 
 inline int64_t UnixMicrosNow() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
@@ -36,4 +37,4 @@ struct RelayStats {
   void Beat() { heartbeat_unix_micros.store(UnixMicrosNow(), std::memory_order_relaxed); }
 };
 
-}  // namespace outbox_relay::app
+}  // namespace outbox_relay::pipeline

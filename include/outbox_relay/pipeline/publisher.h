@@ -1,0 +1,139 @@
+// Publisher: rows in, Kafka records out, deliveries back into the tracker.
+//
+//   row ──RecordMapper──▶ record ──Sink::Produce──▶ (sink's threads) ──▶ OnDelivery
+//    │                                                                    │
+//    └─ poison ──▶ dead letter ──Sink::Produce                 ack ──▶ AckTracker::OnDelivered
+//                                                     refused record ──▶ refused queue
+//                                                                         │
+//   DeadLetterRefused (loop thread) ◀─────────────────────────────────────┘
+//
+// It owns the mapping (RecordMapper), the dead letters (DeadLetterBuilder) and
+// the Sink; the AckTracker counts every message it hands over. Marking is by
+// the primary keys of the rows whose record (or dead letter) the sink took:
+// NoteRow happens only after the sink accepted it.
+//
+// Backpressure: Produce waits while the sink's queue is full (or a topic is
+// still being prepared), and meanwhile calls the KeepAlive it is given (the
+// stream session sends its status updates) — never longer than the stop
+// grace once a stop is asked for: then it gives up with kCancelled.
+//
+// Threads: everything from the loop thread, except OnDelivery, which the
+// sink calls on its own threads (one per producer lane). A record the broker
+// refused for good is not dead-lettered there: the poller is the only thread
+// that frees producer queue space, so it must never wait for some. It is
+// queued, and the loop thread dead-letters it (DeadLetterRefused).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "outbox_relay/core/result.h"
+#include "outbox_relay/kafka/sink.h"
+#include "outbox_relay/metrics/metrics.h"
+#include "outbox_relay/outbox/dead_letter.h"
+#include "outbox_relay/outbox/record.h"
+#include "outbox_relay/pipeline/stats.h"
+#include "outbox_relay/pipeline/stop.h"
+#include "outbox_relay/tracking/ack_tracker.h"
+
+namespace outbox_relay::pipeline {
+
+// What becomes of a row that cannot be published as itself.
+enum class OnPoison {
+  kDeadLetter,  // to the dead-letter topic, marked, and the stream goes on
+  kHalt,        // stop before it, confirming nothing past it
+};
+
+struct PublisherOptions {
+  std::string table;  // "schema.name": named in dead letters and messages
+  outbox::MapperOptions mapper;
+  outbox::ColumnNames columns;
+  OnPoison on_poison = OnPoison::kDeadLetter;
+  std::string dlq_topic = "outbox-relay.dlq";
+  size_t dlq_max_bytes = 1000000;
+  int64_t max_in_flight = 20000;                // rows produced, not yet acknowledged
+  size_t max_awaiting_mark = 8000;              // delivered transactions not yet marked
+  std::chrono::milliseconds stop_grace{12500};  // waits give up this long after a stop
+};
+
+// Called while the publisher waits, to keep the walsender content.
+class KeepAlive {
+ public:
+  virtual ~KeepAlive() = default;
+  virtual Status Touch() = 0;
+};
+
+class Publisher {
+ public:
+  static Result<std::unique_ptr<Publisher>> Create(PublisherOptions options,
+                                                   tracking::AckTracker* tracker, RelayStats* stats,
+                                                   metrics::Metrics* metrics, StopSignal* stop);
+  ~Publisher();
+  Publisher(const Publisher&) = delete;
+  Publisher& operator=(const Publisher&) = delete;
+
+  // The sink records go to; it must report to DeliveryCallback(). Owned
+  // until CloseSink (which joins its threads).
+  void AttachSink(std::unique_ptr<kafka::Sink> sink);
+  kafka::DeliveryCallback DeliveryCallback();
+  void CloseSink();
+  bool has_sink() const { return sink_ != nullptr; }
+
+  // Maps one row of `tx` and produces its record, or its dead letter. An
+  // error stops the stream: kFatal (halt on poison, a broken sink, a row
+  // that cannot be identified), kCancelled (stop requested while Kafka takes
+  // nothing).
+  Status MapAndProduce(const outbox::ColumnMap& columns, const pgoutput::TupleData& row,
+                       tracking::Transaction* tx, KeepAlive* keep);
+  // Dead-letters the records the sink's threads handed over (loop thread).
+  Status DeadLetterRefused(KeepAlive* keep);
+
+  // Too much in flight: the loop should stop reading.
+  bool Backpressured() const;
+  bool Reachable() const;
+  Status Flush(std::chrono::milliseconds timeout);
+
+  // TEST ONLY (failpoint): the producer fails fatally after `n` records.
+  void InjectFatalAfter(uint64_t n, std::function<void()> inject);
+
+ private:
+  struct RefusedRecord {
+    tracking::Transaction* tx = nullptr;
+    std::string uuid;
+    std::optional<std::string> value;
+    std::string reason;
+  };
+
+  Publisher(PublisherOptions options, outbox::RecordMapper mapper, tracking::AckTracker* tracker,
+            RelayStats* stats, metrics::Metrics* metrics, StopSignal* stop);
+  Status DeadLetter(const Error& reason, const outbox::RowIdentity& identity,
+                    const outbox::ColumnMap& columns, const pgoutput::TupleData& row,
+                    tracking::Transaction* tx, KeepAlive* keep);
+  // Tracker count + Offer.
+  Status Produce(const outbox::KafkaRecord& record, tracking::Transaction* tx, KeepAlive* keep);
+  // Offers `record` until the sink takes it; no tracker accounting.
+  Status Offer(const outbox::KafkaRecord& record, tracking::Transaction* tx, KeepAlive* keep);
+  void OnDelivery(const kafka::Delivery& delivery);  // the sink's threads
+
+  const PublisherOptions options_;
+  tracking::AckTracker* const tracker_;
+  RelayStats* const stats_;
+  metrics::Metrics* const metrics_;
+  StopSignal* const stop_;
+  outbox::RecordMapper mapper_;
+  outbox::DeadLetterBuilder dead_letters_;
+  std::unique_ptr<kafka::Sink> sink_;
+  uint64_t fatal_after_ = 0;  // failpoint
+  std::function<void()> inject_fatal_;
+
+  std::mutex refused_mu_;  // the sink's threads push, the loop thread takes
+  std::vector<RefusedRecord> refused_;
+  std::atomic<bool> has_refused_{false};
+};
+
+}  // namespace outbox_relay::pipeline

@@ -1,0 +1,46 @@
+// Where the replication loop reads from: the CopyBoth stream of a walsender.
+//
+// An interface so that the loop runs on PostgreSQL (PgSource over
+// pg::ReplicationStream) and, in tests, on a recorded stream in memory.
+// Contract (as pg::ReplicationStream keeps it): TryRead never blocks; the
+// returned view is valid until the next TryRead; Wait blocks at most
+// `timeout` for something to read (or for pending output to drain).
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string_view>
+
+#include "outbox_relay/core/result.h"
+#include "outbox_relay/pg/replication.h"
+#include "outbox_relay/walproto/walproto.h"
+
+namespace outbox_relay::pipeline {
+
+class ReplicationSource {
+ public:
+  virtual ~ReplicationSource() = default;
+  // The next CopyData message, if one is there (a walproto server message).
+  virtual Result<std::optional<std::string_view>> TryRead() = 0;
+  virtual Status Wait(std::chrono::milliseconds timeout) = 0;
+  virtual Status SendStatus(const walproto::StandbyStatusUpdate& update) = 0;
+  // Ends the stream (CopyDone) and drains what the server still sends.
+  virtual Status Finish(std::chrono::milliseconds timeout) = 0;
+};
+
+// The real thing: a started pg::ReplicationStream.
+class PgSource final : public ReplicationSource {
+ public:
+  explicit PgSource(pg::ReplicationStream stream) : stream_(std::move(stream)) {}
+  Result<std::optional<std::string_view>> TryRead() override { return stream_.TryRead(); }
+  Status Wait(std::chrono::milliseconds timeout) override { return stream_.Wait(timeout); }
+  Status SendStatus(const walproto::StandbyStatusUpdate& update) override {
+    return stream_.SendStatus(update);
+  }
+  Status Finish(std::chrono::milliseconds timeout) override { return stream_.Finish(timeout); }
+
+ private:
+  pg::ReplicationStream stream_;
+};
+
+}  // namespace outbox_relay::pipeline

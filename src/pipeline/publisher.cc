@@ -1,0 +1,229 @@
+#include "outbox_relay/pipeline/publisher.h"
+
+#include <spdlog/spdlog.h>
+
+#include <utility>
+
+namespace outbox_relay::pipeline {
+
+namespace {
+
+using std::chrono::milliseconds;
+
+}  // namespace
+
+Result<std::unique_ptr<Publisher>> Publisher::Create(PublisherOptions options,
+                                                     tracking::AckTracker* tracker,
+                                                     RelayStats* stats, metrics::Metrics* metrics,
+                                                     StopSignal* stop) {
+  auto mapper = outbox::RecordMapper::Create(options.mapper);
+  if (!mapper) return std::unexpected(mapper.error());
+  return std::unique_ptr<Publisher>(
+      new Publisher(std::move(options), std::move(*mapper), tracker, stats, metrics, stop));
+}
+
+Publisher::Publisher(PublisherOptions options, outbox::RecordMapper mapper,
+                     tracking::AckTracker* tracker, RelayStats* stats, metrics::Metrics* metrics,
+                     StopSignal* stop)
+    : options_(std::move(options)),
+      tracker_(tracker),
+      stats_(stats),
+      metrics_(metrics),
+      stop_(stop),
+      mapper_(std::move(mapper)),
+      dead_letters_(options_.dlq_topic, options_.dlq_max_bytes, options_.columns) {}
+
+Publisher::~Publisher() { CloseSink(); }
+
+void Publisher::AttachSink(std::unique_ptr<kafka::Sink> sink) { sink_ = std::move(sink); }
+
+kafka::DeliveryCallback Publisher::DeliveryCallback() {
+  return [this](const kafka::Delivery& d) { OnDelivery(d); };
+}
+
+void Publisher::CloseSink() { sink_.reset(); }
+
+void Publisher::InjectFatalAfter(uint64_t n, std::function<void()> inject) {
+  fatal_after_ = n;
+  inject_fatal_ = std::move(inject);
+}
+
+bool Publisher::Backpressured() const {
+  return tracker_->rows_in_flight() >= options_.max_in_flight ||
+         tracker_->awaiting_mark() >= options_.max_awaiting_mark;
+}
+
+bool Publisher::Reachable() const { return sink_ != nullptr && sink_->Reachable(); }
+
+Status Publisher::Flush(milliseconds timeout) {
+  if (sink_ == nullptr) return Ok();
+  return sink_->Flush(timeout);
+}
+
+Status Publisher::MapAndProduce(const outbox::ColumnMap& columns, const pgoutput::TupleData& row,
+                                tracking::Transaction* tx, KeepAlive* keep) {
+  auto mapped = mapper_.Map(columns, row, tx->final_lsn);
+  if (!mapped) return std::unexpected(mapped.error());
+  Status st = mapped->poison ? DeadLetter(*mapped->poison, mapped->identity, columns, row, tx, keep)
+                             : Produce(*mapped->record, tx, keep);
+  if (!st && st.error().code == ErrorCode::kPoison && !mapped->poison) {
+    // Refused by the producer itself (e.g. larger than message.max.bytes).
+    st = DeadLetter(st.error(), mapped->identity, columns, row, tx, keep);
+  }
+  // Only a row whose record (or dead letter) the sink took is marked, once
+  // it is acknowledged: never one whose production was given up.
+  if (st) {
+    tracking::AckTracker::NoteRow(tx, mapped->identity.transaction_id, mapped->identity.offset);
+  }
+  return st;
+}
+
+Status Publisher::DeadLetter(const Error& reason, const outbox::RowIdentity& identity,
+                             const outbox::ColumnMap& columns, const pgoutput::TupleData& row,
+                             tracking::Transaction* tx, KeepAlive* keep) {
+  metrics_->CountError(metrics::ErrorReason::kMarshal);
+  if (options_.on_poison == OnPoison::kHalt) {
+    return Fail(ErrorCode::kFatal,
+                "poison row in {} (transaction_id={} offset={} uuid='{}', commit {}): {}. The "
+                "relay stopped before it and confirmed nothing past it. It reads the row from "
+                "the WAL, so it stops here again whatever is done to the row in the table: run "
+                "with OUTBOX_ON_POISON=dlq (--on-poison=dlq) to send it to the dead-letter topic "
+                "and go on, then republish a corrected row if it is needed.",
+                options_.table, identity.transaction_id, identity.offset, identity.uuid,
+                tx->final_lsn, reason.message);
+  }
+  auto text = [&](int index) -> std::optional<std::string_view> {
+    if (index < 0 || static_cast<size_t>(index) >= row.values.size()) return std::nullopt;
+    const auto& v = row.values[static_cast<size_t>(index)];
+    if (v.kind != pgoutput::TupleValue::Kind::kText) return std::nullopt;
+    return v.text;
+  };
+  const outbox::KafkaRecord& record =
+      dead_letters_.Build(reason, identity, options_.table, tx->final_lsn, text(columns.payload),
+                          text(columns.metadata));
+  spdlog::warn("dead-lettering row transaction_id={} offset={} to {}: {}", identity.transaction_id,
+               identity.offset, options_.dlq_topic, reason.message);
+  stats_->dead_lettered.fetch_add(1, std::memory_order_relaxed);
+  auto st = Produce(record, tx, keep);
+  if (!st && st.error().code != ErrorCode::kCancelled) {
+    return Fail(ErrorCode::kFatal, "cannot dead-letter row transaction_id={} offset={}: {}",
+                identity.transaction_id, identity.offset, st.error().message);
+  }
+  return st;
+}
+
+Status Publisher::Produce(const outbox::KafkaRecord& record, tracking::Transaction* tx,
+                          KeepAlive* keep) {
+  tracker_->AddMessage(tx);
+  auto st = Offer(record, tx, keep);
+  // Not taken: undo the count so the transaction can still complete.
+  if (!st) tracker_->CancelMessage(tx);
+  return st;
+}
+
+Status Publisher::Offer(const outbox::KafkaRecord& record, tracking::Transaction* tx,
+                        KeepAlive* keep) {
+  if (sink_ == nullptr) return Fail(ErrorCode::kFatal, "internal: no sink attached");
+  while (true) {
+    auto accepted = sink_->Produce(record, tx);
+    if (!accepted) return std::unexpected(accepted.error());
+    if (*accepted == kafka::Sink::Accepted::kQueued) {
+      uint64_t n = stats_->produced.fetch_add(1, std::memory_order_relaxed) + 1;
+      if (n == fatal_after_ && inject_fatal_) [[unlikely]] {
+        inject_fatal_();
+      }
+      return Ok();
+    }
+    // The producer's queue is full (or the topic is still being prepared):
+    // keep the walsender content while waiting.
+    stats_->Beat();
+    if (auto failure = tracker_->failure()) return Fail(ErrorCode::kFatal, "{}", *failure);
+    if (stop_->Over(options_.stop_grace)) {
+      // Kafka takes nothing and we are asked to stop: give up this
+      // transaction (it is abandoned and re-sent after the restart) rather
+      // than wait here past the shutdown timeout.
+      return Fail(ErrorCode::kCancelled,
+                  "stopping while the Kafka producer takes nothing more: the open transaction "
+                  "is sent again after the restart");
+    }
+    if (keep != nullptr) {
+      if (auto st = keep->Touch(); !st) return st;
+    }
+    tracker_->WaitForProgress(milliseconds(1));
+  }
+}
+
+void Publisher::OnDelivery(const kafka::Delivery& d) {
+  auto* tx = static_cast<tracking::Transaction*>(d.opaque);
+  metrics_->ObservePublish(d.topic, d.event_type, static_cast<double>(d.latency.count()) / 1e6,
+                           !d.error);
+  if (!d.error) {
+    if (tx->commit_time.micros != 0) {
+      metrics_->ObserveCommitToAck(
+          static_cast<double>(UnixMicrosNow() - tx->commit_time.ToUnixMicros()) / 1e6);
+    }
+    stats_->delivered.fetch_add(1, std::memory_order_relaxed);
+    tracker_->OnDelivered(tx);
+    return;
+  }
+  if (d.error->code != ErrorCode::kPoison) {
+    metrics_->CountError(metrics::ErrorReason::kKafkaUnavailable);
+  }
+  if (d.error->code == ErrorCode::kPoison && options_.on_poison == OnPoison::kDeadLetter &&
+      d.topic != options_.dlq_topic) {
+    // Hand it to the loop thread; the message keeps its pending token, so its
+    // transaction cannot complete meanwhile.
+    RefusedRecord refused{tx, {}, std::nullopt, d.error->message};
+    for (const auto& [name, value] : d.headers) {
+      if (name == outbox::kUuidHeader) refused.uuid = value;
+    }
+    if (d.value) refused.value = std::string(*d.value);
+    {
+      std::lock_guard lock(refused_mu_);
+      refused_.push_back(std::move(refused));
+    }
+    has_refused_.store(true, std::memory_order_release);
+    tracker_->Wake();
+    return;
+  }
+  if (!tracker_->failure()) spdlog::error("{}", d.error->message);  // the first says it all
+  tracker_->OnFailed(tx, d.error->message);
+}
+
+Status Publisher::DeadLetterRefused(KeepAlive* keep) {
+  if (!has_refused_.load(std::memory_order_acquire)) return Ok();
+  std::vector<RefusedRecord> batch;
+  {
+    std::lock_guard lock(refused_mu_);
+    batch.swap(refused_);
+    has_refused_.store(false, std::memory_order_relaxed);
+  }
+  for (RefusedRecord& r : batch) {
+    // The row itself is gone from memory; what identifies it is its uuid
+    // header and its transaction.
+    outbox::RowIdentity identity;
+    identity.offset = -1;
+    identity.uuid = r.uuid;
+    if (!r.tx->row_ranges.empty())
+      identity.transaction_id = r.tx->row_ranges.front().transaction_id;
+    Error reason{ErrorCode::kPoison,
+                 fmt::format("{} (offset unknown: select the row by uuid '{}')", r.reason, r.uuid)};
+    const outbox::KafkaRecord& record = dead_letters_.Build(
+        reason, identity, options_.table, r.tx->final_lsn,
+        r.value ? std::optional<std::string_view>(*r.value) : std::nullopt, std::nullopt);
+    spdlog::warn("dead-lettering refused record uuid='{}' of transaction {} to {}: {}", r.uuid,
+                 identity.transaction_id, options_.dlq_topic, r.reason);
+    stats_->dead_lettered.fetch_add(1, std::memory_order_relaxed);
+    tracker_->AddDeadLetter(r.tx);
+    if (auto st = Offer(record, r.tx, keep); !st) {
+      // Neither settled nor confirmable: nothing at or after it moves the slot.
+      tracker_->OnFailed(r.tx, fmt::format("cannot dead-letter refused record uuid='{}': {}",
+                                           r.uuid, st.error().message));
+      return st;
+    }
+    tracker_->OnDelivered(r.tx);  // the refused original is settled by its dead letter
+  }
+  return Ok();
+}
+
+}  // namespace outbox_relay::pipeline
