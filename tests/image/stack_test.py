@@ -21,7 +21,9 @@ In order (one class, numbered tests; a failure stops the rest):
      stack's network: liveness and readiness answer on the probes' port and paths (a standby
      while compose's relay holds the slot, ready once it stops), it publishes, and `docker
      stop` with the pod's grace period ends in exit 0;
-  5. `docker-compose stop` ends every service cleanly, `docker-compose down -v` leaves no
+  5. the CronJobs' containers (the seed's cleanup and VACUUM), started the same way, run to
+     completion with exit 0 against the stack's database;
+  6. `docker-compose stop` ends every service cleanly, `docker-compose down -v` leaves no
      container, network or volume.
 
 docker-compose is Debian's (1.29): it predates the compose spec's top-level `name`, so it runs
@@ -44,6 +46,8 @@ REPO = os.environ.get("OUTBOX_REPO_ROOT") or os.path.dirname(
 IMAGE_SCRIPT = os.path.join(REPO, "scripts", "image")
 COMPOSE_FILE = os.path.join(REPO, "docker", "compose.yml")
 DEPLOYMENT = os.path.join(REPO, "docs", "deploy", "deployment.yaml")
+CLEANUP = os.path.join(REPO, "docs", "deploy", "cleanup-cronjob.yaml")
+VACUUM = os.path.join(REPO, "docs", "deploy", "vacuum-cronjob.yaml")
 ALERTS = os.path.join(REPO, "docs", "alerts.yml")
 DOCKER = "/usr/bin/docker"
 RELAY_IMAGE = os.environ.get("OUTBOX_IMAGE", "outbox-relay:local")
@@ -260,14 +264,28 @@ class Stack(unittest.TestCase):
         self.assertEqual(unhealthy, [])
 
     def test_4_deployment_pod_runs_as_the_kubelet_starts_it(self):
-        pod = KubeletStyle(self, DEPLOYMENT)
+        pod = KubeletStyle(self, DEPLOYMENT, "Deployment")
         pod.start()
         try:
             pod.check()
         finally:
             pod.remove()
 
-    def test_5_stop_and_down_leave_nothing(self):
+    def test_5_cronjobs_run_as_the_kubelet_starts_them(self):
+        # The seed's nightly cleanup (the relay's image, its role) and weekly VACUUM (the
+        # postgres image, the table's owner), each to completion, with the Job's deadline.
+        for path, expect in ((CLEANUP, r"cleanup: done in"), (VACUUM, r"INFO:\s+vacuuming")):
+            job = KubeletStyle(self, path, "CronJob")
+            deadline = job.doc["spec"]["jobTemplate"]["spec"].get("activeDeadlineSeconds", 600)
+            try:
+                code, out = job.run_to_completion(min(deadline, 300))
+            finally:
+                job.remove()
+            print(f"job {job.name}: exit {code}, {len(out.splitlines())} lines of output")
+            self.assertEqual(code, 0, out[-3000:])
+            self.assertRegex(out, expect)
+
+    def test_6_stop_and_down_leave_nothing(self):
         ids = {s: self.container(s) for s in self.compose["services"]}
         t0 = time.monotonic()
         self.dc(["stop"], timeout=300)
@@ -283,6 +301,14 @@ class Stack(unittest.TestCase):
                          "")
 
 
+def expand(text, env):
+    """The kubelet's expansion of command, args and env values: $(NAME) becomes the value of
+    an earlier variable (left as it is when there is none), $$ becomes $."""
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)",
+                  lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)),
+                  text)
+
+
 def urllib_quote(s):
     from urllib.parse import quote
     return quote(s, safe="")
@@ -293,9 +319,10 @@ class KubeletStyle:
     compose stack's network (the pod's own network namespace and address, as in a cluster).
 
     What the kubelet does with each field of the container spec and how it maps here:
-      image                       -> outbox-relay:local (the manifest's registry is an example)
+      image                       -> the local image of that name (outbox-relay:local for the
+                                     manifest's example registry, the test postgres:15)
       command/args                -> entrypoint/command (args only: the image's ENTRYPOINT)
-      env value                   -> -e NAME=value, unchanged
+      env value, command, args    -> unchanged but for the kubelet's $(NAME) and $$ expansion
       env valueFrom.secretKeyRef  -> the Secret's value (test Secrets below); an optional
                                      reference to a missing Secret is left out, as the kubelet
                                      does
@@ -314,16 +341,29 @@ class KubeletStyle:
     (--add-host), as cluster DNS would resolve them.
     """
 
-    SECRETS = {("review-outbox-relay-db", "url"): "postgresql://relay:relay@postgres:5432/review"}
+    # The Secrets the manifests reference, with the compose stack's credentials: the relay's
+    # least-privilege role, and the table's owner for the VACUUM job.
+    SECRETS = {
+        ("review-outbox-relay-db", "url"): "postgresql://relay:relay@postgres:5432/review",
+        ("review-db-owner", "url"): "postgresql://postgres:postgres@postgres:5432/review",
+    }
+    # The public images the manifests name and the local ones standing in for them.
+    IMAGES = {"outbox-relay": RELAY_IMAGE, "postgres": "postgres:15"}
 
-    def __init__(self, test, path):
+    def __init__(self, test, path, kind):
         self.t = test
         with open(path, encoding="utf-8") as f:
             docs = [d for d in yaml.safe_load_all(f) if d]
-        (self.deployment,) = [d for d in docs if d["kind"] == "Deployment"]
-        self.pod = self.deployment["spec"]["template"]["spec"]
+        (self.doc,) = [d for d in docs if d["kind"] == kind]
+        spec = self.doc["spec"]
+        if kind == "CronJob":
+            spec = spec["jobTemplate"]["spec"]
+        self.pod = spec["template"]["spec"]
         (self.c,) = self.pod["containers"]
-        self.name = f"{self.deployment['metadata']['name']}-test"
+        self.name = f"{self.doc['metadata']['name']}-test"
+        image = re.sub(r"^.*/", "", self.c["image"]).split(":")[0]
+        self.t.assertIn(image, self.IMAGES, self.c["image"])
+        self.image = self.IMAGES[image]
 
     def security(self):
         pod_sc = self.pod.get("securityContext", {})
@@ -335,7 +375,7 @@ class KubeletStyle:
             args += ["--user", f"{uid}:{gid}" if gid is not None else str(uid)]
         if sc.get("runAsNonRoot"):
             user = str(uid) if uid is not None else self.t.docker(
-                ["image", "inspect", "-f", "{{.Config.User}}", RELAY_IMAGE]).stdout.strip()
+                ["image", "inspect", "-f", "{{.Config.User}}", self.image]).stdout.strip()
             self.t.assertRegex(user.split(":")[0], r"^[1-9][0-9]*$",
                                "runAsNonRoot: the kubelet refuses a user it cannot verify as "
                                "non-root (a name, or 0)")
@@ -352,11 +392,11 @@ class KubeletStyle:
         self.t.assertIn(seccomp, (None, "RuntimeDefault"), "seccomp profile")
         return args
 
-    def env(self):
-        args = []
+    def env_values(self):
+        values = {}
         for e in self.c.get("env", []):
             if "value" in e:
-                args += ["-e", f"{e['name']}={e['value']}"]
+                values[e["name"]] = expand(str(e["value"]), values)
                 continue
             ref = e["valueFrom"]["secretKeyRef"]
             value = self.SECRETS.get((ref["name"], ref["key"]))
@@ -364,8 +404,21 @@ class KubeletStyle:
                 self.t.assertTrue(ref.get("optional"),
                                   f"{e['name']}: Secret {ref['name']} is required")
                 continue
-            args += ["-e", f"{e['name']}={value}"]
-        return args
+            values[e["name"]] = value
+        return values
+
+    def env(self):
+        return [a for k, v in self.env_values().items() for a in ("-e", f"{k}={v}")]
+
+    def command(self):
+        """--entrypoint and the arguments after the image, with the kubelet's $(VAR)
+        expansion."""
+        env = self.env_values()
+        command = [expand(a, env) for a in self.c.get("command", [])]
+        args = [expand(a, env) for a in self.c.get("args", [])]
+        if command:
+            return ["--entrypoint", command[0]], [self.image] + command[1:] + args
+        return [], [self.image] + args
 
     def volumes(self):
         by_name = {v["name"]: v for v in self.pod.get("volumes", [])}
@@ -388,26 +441,33 @@ class KubeletStyle:
             args += ["--cpus", str(int(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu))]
         return args
 
-    def start(self):
+    def run_argv(self, detach):
         t = self.t
-        self.t.assertRegex(self.c["image"], r"(^|/)outbox-relay:")
         kafka_ip = t.inspect(t.container("kafka"),
                              "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}")
         hosts = []
-        for e in self.c.get("env", []):
-            if e["name"] == "KAFKA_BROKERS":
-                for broker in e["value"].split(","):
-                    hosts += ["--add-host", f"{broker.rsplit(':', 1)[0]}:{kafka_ip}"]
+        for broker in self.env_values().get("KAFKA_BROKERS", "").split(","):
+            if broker:
+                hosts += ["--add-host", f"{broker.rsplit(':', 1)[0]}:{kafka_ip}"]
         network = f"{t.project}_default"
-        argv = ["run", "-d", "--name", self.name, "--hostname", self.name, "--network", network]
+        entrypoint, rest = self.command()
+        argv = ["run"] + (["-d"] if detach else []) + [
+            "--name", self.name, "--hostname", self.name, "--network", network]
         argv += self.security() + self.env() + self.volumes() + self.resources() + hosts
-        if "command" in self.c:
-            argv += ["--entrypoint", self.c["command"][0]]
+        return argv + entrypoint + rest
+
+    def start(self):
+        t = self.t
         t.docker(["rm", "-f", self.name], check=False)
-        argv += [RELAY_IMAGE] + self.c.get("command", [])[1:] + self.c.get("args", [])
-        t.docker(argv)
+        t.docker(self.run_argv(detach=True))
         self.ip = wait_for("the pod's address", lambda: t.inspect(
             self.name, "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"), timeout=10)
+
+    def run_to_completion(self, deadline):
+        """A Job's pod: runs until it exits; (exit code, output)."""
+        self.t.docker(["rm", "-f", self.name], check=False)
+        p = self.t.docker(self.run_argv(detach=False), timeout=deadline, check=False)
+        return p.returncode, p.stdout
 
     def probe_url(self, probe):
         get = probe["httpGet"]
