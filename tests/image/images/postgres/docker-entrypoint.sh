@@ -34,12 +34,12 @@ if [[ ! -s $PGDATA/PG_VERSION ]]; then
     ${POSTGRES_INITDB_ARGS:-}
   printf '\nhost all all all %s\n' "$POSTGRES_HOST_AUTH_METHOD" >>"$PGDATA/pg_hba.conf"
 
-  temp_opts=$(printf '%q ' "${@:2}" -c "listen_addresses=''" -p 5432)
+  temp_opts=$(printf '%q ' "${@:2}" -c listen_addresses= -p 5432)
   PGUSER=$POSTGRES_USER pg_ctl -D "$PGDATA" -o "$temp_opts" -w start
   psql_args=(-v ON_ERROR_STOP=1 --username "$POSTGRES_USER" --no-password --no-psqlrc)
   if [[ $POSTGRES_DB != postgres ]]; then
-    psql "${psql_args[@]}" --dbname postgres --set db="$POSTGRES_DB" \
-      -c 'CREATE DATABASE :"db"'
+    # From stdin: psql interpolates :"db" there, not in -c.
+    psql "${psql_args[@]}" --dbname postgres --set db="$POSTGRES_DB" <<<'CREATE DATABASE :"db"'
   fi
   for f in /docker-entrypoint-initdb.d/*; do
     [[ -e $f ]] || continue
