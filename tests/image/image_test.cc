@@ -350,5 +350,43 @@ TEST(Image, RuntimeIsSlim) {
   EXPECT_LT(mb, 160.0);
 }
 
+// The non-comment lines of a .dockerignore file.
+std::vector<std::string> IgnorePatterns(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> out;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line[0] != '#') out.push_back(line);
+  }
+  return out;
+}
+
+// The classic builder (Docker Engine before 23, such as Debian 12's docker.io, and
+// docker-compose 1.x) reads only <context>/.dockerignore, not
+// docker/Dockerfile.dockerignore: without the root file a build from a checkout
+// sent everything (3 GB here) and failed on the test engine's files in .services/.
+TEST(Image, ClassicBuilderSendsOnlyTheSources) {
+  ASSERT_NO_FATAL_FAILURE(UseImageEngine());
+  const std::string repo = OUTBOX_SOURCE_DIR;
+  std::vector<std::string> root = IgnorePatterns(repo + "/.dockerignore");
+  EXPECT_FALSE(root.empty()) << "no .dockerignore at the repository root";
+  EXPECT_EQ(root, IgnorePatterns(repo + "/docker/Dockerfile.dockerignore"));
+  // A target that does not exist: the builder takes the context, then stops.
+  CommandResult r = RunCommand({"env", "DOCKER_BUILDKIT=0", "/usr/bin/docker", "build", "-f",
+                                repo + "/docker/Dockerfile", "--target", "no-such-stage", repo},
+                               std::chrono::seconds(300));
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      r.output, m, std::regex(R"(Sending build context to Docker daemon\s+([0-9.]+)([kMG]?B))")))
+      << r.output;
+  double bytes = std::stod(m[1]) * (m[2] == "kB"   ? 1e3
+                                    : m[2] == "MB" ? 1e6
+                                    : m[2] == "GB" ? 1e9
+                                                   : 1);
+  fmt::print("image: the classic builder's context is {:.0f} kB\n", bytes / 1e3);
+  EXPECT_LT(bytes, 5e6) << r.output;
+  EXPECT_NE(r.output.find("failed to reach build target no-such-stage"), std::string::npos)
+      << r.output;
+}
+
 }  // namespace
 }  // namespace outbox_test
