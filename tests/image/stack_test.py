@@ -500,8 +500,17 @@ class KubeletStyle:
                                     "WHERE offset_acked IS NOT NULL")) > acked_before + 20,
                  timeout=60, interval=2)
         user = t.inspect(self.name, "{{.Config.User}} {{.HostConfig.ReadonlyRootfs}}")
-        print(f"pod: liveness {live}, readiness {ready} on {self.probe_url(self.c['readinessProbe'])[0]}"
-              f" ({user})")
+        print(f"pod: liveness {live}, readiness {ready} on "
+              f"{self.probe_url(self.c['readinessProbe'])[0]} ({user})")
+        # The memory limit is in force (the engine applies it), and the relay's peak so far.
+        limit = int(t.inspect(self.name, "{{.HostConfig.Memory}}"))
+        want = [a for a in self.resources() if a.endswith("m") and a[:-1].isdigit()]
+        if want:
+            t.assertEqual(limit, int(want[0][:-1]) * 1024 * 1024, "memory limit not applied")
+        pid = t.inspect(self.name, "{{.State.Pid}}")
+        with open(f"/proc/{pid}/status", encoding="utf-8") as f:
+            peak = [line.split()[1] for line in f if line.startswith("VmHWM:")][0]
+        print(f"pod: memory limit {limit >> 20} MiB, the relay's peak RSS {int(peak) >> 10} MiB")
         grace = self.pod.get("terminationGracePeriodSeconds", 30)
         t0 = time.monotonic()
         t.docker(["stop", "-t", str(grace), self.name], timeout=grace + 60)
