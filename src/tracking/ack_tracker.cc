@@ -86,8 +86,13 @@ void AckTracker::Complete(Transaction* tx) {
   std::lock_guard lock(mu_);
   tx->delivered = true;
 
-  if (tx->abandoned || !marking_) {
-    tx->marked = true;  // nothing to mark: abandoned rows come again with the re-sent transaction
+  if (tx->abandoned || !marking_ || tx->rows == 0) {
+    // Nothing to mark: abandoned rows come again with the re-sent transaction,
+    // and a transaction without rows has none. (PostgreSQL 14 sends every
+    // transaction, the marker's own UPDATEs too, as an empty Begin/Commit; had
+    // the marker to record those in the commit index, each record would come
+    // back as another empty transaction, for ever.)
+    tx->marked = true;
   } else {
     to_mark_.push_back(tx);
     ++awaiting_mark_;
