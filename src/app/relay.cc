@@ -7,6 +7,7 @@
 #include <thread>
 #include <utility>
 
+#include "outbox_relay/app/failover.h"
 #include "outbox_relay/kafka/producer.h"
 #include "outbox_relay/pg/relay_schema.h"
 #include "outbox_relay/walproto/walproto.h"
@@ -49,6 +50,7 @@ Status Relay::Prepare() {
   auto conn = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kNormal);
   if (!conn) return std::unexpected(conn.error());
   spdlog::info("connected to PostgreSQL {} as {}", conn->server_version(), conn->user());
+  if (auto st = ValidateFailoverSlot(config_, *conn); !st) return st;
 
   // Fail fast on a table that cannot work, before touching slots.
   std::optional<std::string> params[] = {config_.table_name.Quoted()};
@@ -128,6 +130,7 @@ Status Relay::Prepare() {
     });
     if (!producer) return std::unexpected(producer.error());
     if (auto st = (*producer)->CheckConnection(milliseconds(10000)); !st) {
+      if (st.error().code == ErrorCode::kInvalidArgument) return st;  // credentials, TLS
       spdlog::warn("Kafka not reachable yet ({}); records wait in the producer until it is",
                    st.error().message);
     }
@@ -207,6 +210,9 @@ int Relay::Run(const std::atomic<bool>& stop) {
       }
     }
     auto conn = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kReplication);
+    if (conn) {
+      if (auto st = FollowPromotion(*conn, stop); !st) conn = std::unexpected(st.error());
+    }
     Result<pg::ReplicationStream> stream =
         conn ? pg::ReplicationStream::Start(std::move(*conn), config_.slot, config_.publication,
                                             tracker_->confirmed())

@@ -16,6 +16,7 @@
 #include <thread>
 #include <utility>
 
+#include "outbox_relay/app/failover.h"
 #include "outbox_relay/app/relay.h"
 #include "outbox_relay/app/replay.h"
 #include "outbox_relay/pg/relay_schema.h"
@@ -117,9 +118,7 @@ Status Relay::SetupSlot(const std::atomic<bool>& stop) {
                 config_.slot, slot->plugin);
   }
   if (lost) {
-    std::string why = invalidated ? "was invalidated (wal_status=lost; the WAL it needed is gone, "
-                                    "see max_slot_wal_keep_size)"
-                                  : "is missing (dropped?)";
+    std::string why = invalidated ? pg::DescribeInvalidation(*slot) : "is missing (dropped?)";
     if (config_.on_slot_lost != "reconcile") {
       return Fail(ErrorCode::kSlotLost,
                   "replication slot {} {}. Rows committed while it was gone are not lost (they "
@@ -151,7 +150,8 @@ Status Relay::SetupSlot(const std::atomic<bool>& stop) {
       }
       if (auto st = WriteState(*conn, config_.slot, kCreatingKey, "creating"); !st) return st;
     }
-    auto created = pg::CreateSlot(*repl, config_.slot, /*export_snapshot=*/backfill);
+    auto created =
+        pg::CreateSlot(*repl, config_.slot, /*export_snapshot=*/backfill, config_.failover_slot);
     if (!created) {
       // Another instance may have won the race to create it: then it is the
       // active one and we are its standby.
@@ -191,6 +191,7 @@ Status Relay::SetupSlot(const std::atomic<bool>& stop) {
     if (!slot) return std::unexpected(slot.error());
   }
 
+  if (auto st = EnsureSlotFailover(config_, *slot); !st) return st;
   if (!tracker_->ResetConfirmed(slot->confirmed_flush_lsn)) {
     return Fail(ErrorCode::kFatal, "internal: slot setup with rows still in flight");
   }

@@ -46,6 +46,7 @@ struct RelayConfig {
   int64_t dlq_max_bytes = 1000000;
   std::string on_slot_lost = "reconcile";  // reconcile | fail
   bool backfill = true;                    // publish unacked rows older than a newly created slot
+  bool failover_slot = false;              // create the slot with failover = true (17+)
   bool create_topics = false;
   int64_t topic_partitions = 3;
   int64_t topic_replication_factor = -1;  // -1: the broker's default

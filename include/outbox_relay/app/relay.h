@@ -51,6 +51,10 @@ class Relay {
   // backfill a new slot needs. Runs at start and after a slot loss.
   Status SetupSlot(const std::atomic<bool>& stop);
   Status Backfill(pg::Connection& conn, const std::string& snapshot, const std::atomic<bool>& stop);
+  // Before START_REPLICATION: after a promotion (the server writes another
+  // timeline than the last stream), start from the new primary's copy of the
+  // slot, never from a position confirmed on the old one (relay_failover.cc).
+  Status FollowPromotion(pg::Connection& replication_conn, const std::atomic<bool>& stop);
   Status StreamSession(pg::ReplicationStream& stream, const std::atomic<bool>& stop);
   Status HandleXLogData(std::string_view data, pg::ReplicationStream& stream);
   Status HandleInsert(const pgoutput::Insert& insert, pg::ReplicationStream& stream);
@@ -104,7 +108,8 @@ class Relay {
   pgoutput::Oid outbox_relid_ = 0;
   std::optional<outbox::ColumnMap> columns_;
   tracking::Transaction* open_tx_ = nullptr;
-  Lsn received_;  // highest server WAL end seen: our "write" position
+  Lsn received_;           // highest server WAL end seen: our "write" position
+  uint32_t timeline_ = 0;  // the timeline the last stream read (0: none yet)
   Lsn last_sent_flush_;
   std::chrono::steady_clock::time_point last_status_{};
   std::chrono::steady_clock::time_point last_progress_log_{};
