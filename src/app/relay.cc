@@ -366,8 +366,11 @@ Status Relay::HandleXLogData(std::string_view data, pg::ReplicationStream& strea
     if (open_tx_ == nullptr) {
       return Fail(ErrorCode::kProtocol, "pgoutput: Commit at {} without Begin", c->commit_lsn);
     }
-    stats_.transactions.fetch_add(1, std::memory_order_relaxed);
-    stats_.last_commit_unix_micros.store(c->commit_time.ToUnixMicros(), std::memory_order_relaxed);
+    if (open_tx_->rows > 0) {  // 14 also sends the transactions that published nothing
+      stats_.transactions.fetch_add(1, std::memory_order_relaxed);
+      stats_.last_commit_unix_micros.store(c->commit_time.ToUnixMicros(),
+                                           std::memory_order_relaxed);
+    }
     tracker_->Commit(open_tx_, c->end_lsn);  // open_tx_ may be gone after this
     open_tx_ = nullptr;
     return Ok();
