@@ -212,14 +212,16 @@ TEST_F(Failover, PrimaryCrashesUnderLoadAndTheStandbyIsPromoted) {
   auto slot = QuerySlot(*db_, name_);
 
   fmt::print(
-      "failover on PostgreSQL {} ({}; slot synced to the standby {:.1f} s after "
-      "sync_replication_slots "
-      "was turned on): {} rows committed, {} acknowledged to writers ({} not on "
+      "failover on PostgreSQL {} ({}): {} rows committed, {} acknowledged to writers ({} not on "
       "the new primary), {} writer failures; crash + promote {:.1f} s; relay streaming {:.1f} s "
       "after the promotion; all rows marked {:.1f} s after the load stopped; {} backfill(s) of {} "
       "rows; "
       "slot confirmed {} before the crash, now {}\n",
-      major, failover_slots ? "failover slot" : "no failover slots: reconcile by backfill", sync_s,
+      major,
+      failover_slots ? fmt::format("failover slot, synced to the standby {:.1f} s after "
+                                   "sync_replication_slots was turned on",
+                                   sync_s)
+                     : std::string("no failover slots: reconcile by backfill"),
       committed.size(), ledger.committed_count(), missing, load.failures(), promote_s, resume_s,
       drain_s, backfills, backfilled, FormatLsn(confirmed_before),
       slot && slot->confirmed_flush_lsn ? FormatLsn(*slot->confirmed_flush_lsn) : "-");
