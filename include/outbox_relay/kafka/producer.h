@@ -77,7 +77,12 @@ class KafkaProducer final : public Sink {
   bool Reachable() const override;
 
   // Broker metadata request: ok when a broker answered within `timeout`.
+  // When the brokers refused the client's credentials or TLS verification
+  // failed meanwhile (no retry cures that), kInvalidArgument naming
+  // --kafka-property; other failures are kTransient.
   Status CheckConnection(std::chrono::milliseconds timeout);
+  // The last authentication or TLS-verification error the brokers gave ("" if none).
+  std::string CredentialsError() const;
   rd_kafka_t* handle() const;
   // TEST ONLY: puts the producer in the fatal state an idempotence failure
   // (e.g. an out-of-order sequence) would.
@@ -116,6 +121,8 @@ class KafkaProducer final : public Sink {
 
   std::atomic<bool> stop_{false};
   std::atomic<bool> brokers_down_{false};
+  mutable std::mutex credentials_mu_;
+  std::string credentials_error_;  // guarded by credentials_mu_
   // Callers of Flush waiting: the pollers flush (linger ignored) instead of
   // polling. Only a lane's poller may serve its delivery reports: rd_kafka_flush
   // on another thread would run them there too, concurrently.
