@@ -131,8 +131,8 @@ Status SlotSetup::Run() {
     if (backfill) {
       if (auto st = pg::WriteState(*conn, options_.slot, kCreatingKey, "creating"); !st) return st;
     }
-    auto created = pg::CreateSlot(*repl, options_.slot, /*export_snapshot=*/backfill,
-                                  options_.failover_slot);
+    auto created =
+        pg::CreateSlot(*repl, options_.slot, /*export_snapshot=*/backfill, options_.failover_slot);
     if (!created) {
       // Another instance may have won the race to create it: then it is the
       // active one and we are its standby.

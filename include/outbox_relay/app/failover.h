@@ -35,5 +35,4 @@ namespace outbox_relay::app {
 // lose what the relay already published (phantoms).
 Status ValidateFailoverSlot(const RelayConfig& config, pg::Connection& conn);
 
-
 }  // namespace outbox_relay::app

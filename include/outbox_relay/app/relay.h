@@ -80,7 +80,7 @@ class Relay {
   std::unique_ptr<pipeline::Publisher> publisher_;
   std::unique_ptr<pipeline::SlotSetup> slot_setup_;
   bool need_slot_setup_ = true;
-  uint32_t timeline_ = 0;  // the timeline the last stream read (0: none yet)
+  uint32_t timeline_ = 0;                         // the timeline the last stream read (0: none yet)
   std::atomic<int64_t> last_marker_error_ns_{0};  // the marker thread writes; steady clock
 
   std::mutex refresh_mu_;         // RefreshMetrics (HTTP threads)
