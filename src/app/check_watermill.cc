@@ -61,8 +61,9 @@ std::vector<CheckResult> CheckWatermillTables(pg::Connection& conn, const RelayC
   for (const pipeline::OutboxTable& t : resolved->tables) {
     const std::string name = "watermill table " + t.name.ToString();
     std::string what = t.kind == outbox::TableKind::kForwarder
-                           ? std::string("forwarder envelopes: each row's topic, UUID, metadata "
-                                         "and payload from its envelope")
+                           ? std::string(
+                                 "forwarder envelopes: each row's topic, UUID, metadata "
+                                 "and payload from its envelope")
                            : fmt::format("Kafka topic {}, {} key", t.topic,
                                          r.mapper.watermill_key_field.empty()
                                              ? std::string("null")
@@ -96,8 +97,9 @@ std::vector<CheckResult> CheckWatermillTables(pg::Connection& conn, const RelayC
       add(CheckStatus::kFail, name,
           fmt::format("{}; offsets table {} is missing and the relay may not create it", what,
                       t.offsets.ToString()),
-          pipeline::OffsetsTableDdl(t.offsets) + "; (as a role that may), then GRANT SELECT, "
-                                                 "INSERT, UPDATE on it to the relay's role");
+          pipeline::OffsetsTableDdl(t.offsets) +
+              "; (as a role that may), then GRANT SELECT, "
+              "INSERT, UPDATE on it to the relay's role");
       continue;
     }
     if (r.mark && IsTrue(p, 0, 1) && !IsTrue(p, 0, 2)) {

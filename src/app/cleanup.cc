@@ -215,8 +215,7 @@ Status ValidateCleanup(CleanupConfig& c) {
 }
 
 Status PruneCommitIndex(pg::Connection& conn, const CleanupConfig& c,
-                        std::span<const std::optional<std::string>> params,
-                        CleanupReport* report) {
+                        std::span<const std::optional<std::string>> params, CleanupReport* report) {
   const auto sleep = std::chrono::milliseconds(c.batch_sleep_ms_value);
   if (c.prune_commits) {
     auto exists = conn.Exec("SELECT to_regclass('outbox_relay.commits') IS NOT NULL");
@@ -359,9 +358,10 @@ int CleanupCommand(CleanupConfig& c) {
     if (!c.dry_run) std::printf(" in %lld batches", static_cast<long long>(report->commit_batches));
     std::printf("\n");
   }
-  std::printf(c.watermill ? "cleanup: kept %lld rows older than the cutoff that a consumer group "
-                            "has not processed (never deleted)\n"
-                          : "cleanup: kept %lld unacked rows older than the cutoff (never deleted)\n",
+  std::printf(c.watermill
+                  ? "cleanup: kept %lld rows older than the cutoff that a consumer group "
+                    "has not processed (never deleted)\n"
+                  : "cleanup: kept %lld unacked rows older than the cutoff (never deleted)\n",
               static_cast<long long>(report->unacked_past_retention));
   std::printf("cleanup: done in %.2f s\n", report->seconds);
   std::fflush(stdout);

@@ -71,9 +71,10 @@ Result<CleanupReport> RunWatermillCleanup(const CleanupConfig& c) {
         fmt::format(fmt::runtime(kHorizon), fmt::arg("offsets", t.offsets.Quoted()));
     const std::string table = t.name.Quoted();
     if (pg::GetValue(exists->get(), 0, 0) != std::optional<std::string_view>("t")) {
-      spdlog::warn("cleanup: {} has no offsets table {}: no consumer group has processed "
-                   "anything, nothing is deleted",
-                   t.name.ToString(), t.offsets.ToString());
+      spdlog::warn(
+          "cleanup: {} has no offsets table {}: no consumer group has processed "
+          "anything, nothing is deleted",
+          t.name.ToString(), t.offsets.ToString());
       continue;
     }
     // Kept: past retention but not processed by some group.
@@ -109,8 +110,8 @@ Result<CleanupReport> RunWatermillCleanup(const CleanupConfig& c) {
       auto res = conn->ExecParams(sql, params);
       if (!res) {
         Error e = res.error();
-        e.message = fmt::format("deleting from {} (after {} rows): {}", t.name.ToString(),
-                                deleted, e.message);
+        e.message = fmt::format("deleting from {} (after {} rows): {}", t.name.ToString(), deleted,
+                                e.message);
         return std::unexpected(std::move(e));
       }
       int64_t n = ParseCount(PQcmdTuples(res->get()));

@@ -445,8 +445,9 @@ Status Validate(RelayConfig& c) {
     return Bad("--uuid-in-metadata", "OUTBOX_UUID_IN_METADATA",
                fmt::format("'{}': watermill or drop", c.uuid_in_metadata_flag));
   }
-  c.mapper.uuid_in_metadata = c.uuid_in_metadata_flag == "drop" ? outbox::UuidInMetadata::kDrop
-                                                                : outbox::UuidInMetadata::kWatermill;
+  c.mapper.uuid_in_metadata = c.uuid_in_metadata_flag == "drop"
+                                  ? outbox::UuidInMetadata::kDrop
+                                  : outbox::UuidInMetadata::kWatermill;
   if (auto st = ValidateWatermill(c); !st) return st;
   // Properties: flags first, then the environment list.
   std::vector<std::string> props = c.kafka_properties;

@@ -198,8 +198,8 @@ Status Relay::Prepare() {
   if (config_.watermill) {
     if (config_.mark) {
       watermill_progress_ = std::make_unique<marker::WatermillProgress>(
-          std::vector<marker::WatermillProgressTable>{},
-          config_.watermill_settings.consumer_group, tracker_.get());
+          std::vector<marker::WatermillProgressTable>{}, config_.watermill_settings.consumer_group,
+          tracker_.get());
     }
     pipeline::WatermillOptions wo;
     wo.database_url = config_.database_url;

@@ -36,12 +36,14 @@ Result<RowCounts> WatermillCounts(pg::Connection& conn, const RelayConfig& confi
                                            std::to_string(p.offset)};
     const std::string pending = "(transaction_id, \"offset\") > ($1::xid8, $2::bigint)";
     std::string sql =
-        counts ? fmt::format("SELECT count(*) FILTER (WHERE NOT ({p})), count(*) FILTER (WHERE {p}) "
-                             "FROM {t}",
-                             fmt::arg("p", pending), fmt::arg("t", t.name.Quoted()))
-               : fmt::format("SELECT 0, 0, COALESCE(EXTRACT(EPOCH FROM now() - "
-                             "min(created_at::timestamptz)), 0) FROM {t} WHERE {p}",
-                             fmt::arg("p", pending), fmt::arg("t", t.name.Quoted()));
+        counts ? fmt::format(
+                     "SELECT count(*) FILTER (WHERE NOT ({p})), count(*) FILTER (WHERE {p}) "
+                     "FROM {t}",
+                     fmt::arg("p", pending), fmt::arg("t", t.name.Quoted()))
+               : fmt::format(
+                     "SELECT 0, 0, COALESCE(EXTRACT(EPOCH FROM now() - "
+                     "min(created_at::timestamptz)), 0) FROM {t} WHERE {p}",
+                     fmt::arg("p", pending), fmt::arg("t", t.name.Quoted()));
     auto res = conn.ExecParams(sql, params);
     if (!res) return std::unexpected(res.error());
     out.acked += std::stod(std::string(pg::GetValue(res->get(), 0, 0).value_or("0")));

@@ -29,16 +29,17 @@ std::string Marker::MarkSql(const MarkerOptions& o) {
   // the transactions visible in this statement's snapshot are marked and
   // indexed; the others come back in the last column and are retried.
   // No acked column (watermill-sql's tables): the commit index only.
-  const std::string marked =
-      o.acked_column.empty()
-          ? std::string("SELECT 1 WHERE false")
-          : fmt::format(
-                "UPDATE {table} o SET {acked} = o.{offset} FROM runs r"
-                " WHERE o.{xid} = r.x AND o.{offset} BETWEEN r.first AND r.last AND o.{acked} IS NULL"
-                " AND r.x IN (SELECT x FROM visible) RETURNING 1",
-                fmt::arg("table", o.table.Quoted()), fmt::arg("acked", pg::QuoteIdent(o.acked_column)),
-                fmt::arg("offset", pg::QuoteIdent(o.offset_column)),
-                fmt::arg("xid", pg::QuoteIdent(o.transaction_id_column)));
+  const std::string marked = o.acked_column.empty()
+                                 ? std::string("SELECT 1 WHERE false")
+                                 : fmt::format(
+                                       "UPDATE {table} o SET {acked} = o.{offset} FROM runs r"
+                                       " WHERE o.{xid} = r.x AND o.{offset} BETWEEN r.first AND "
+                                       "r.last AND o.{acked} IS NULL"
+                                       " AND r.x IN (SELECT x FROM visible) RETURNING 1",
+                                       fmt::arg("table", o.table.Quoted()),
+                                       fmt::arg("acked", pg::QuoteIdent(o.acked_column)),
+                                       fmt::arg("offset", pg::QuoteIdent(o.offset_column)),
+                                       fmt::arg("xid", pg::QuoteIdent(o.transaction_id_column)));
   return fmt::format(
       "WITH runs AS (SELECT * FROM unnest($1::xid8[], $2::bigint[], $3::bigint[])"
       " AS r(x, first, last)"

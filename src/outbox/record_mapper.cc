@@ -200,9 +200,9 @@ bool RecordMapper::FillHeaders(std::string_view uuid, const Metadata& metadata, 
       // watermill-kafka's marshaler refuses a message whose metadata sets
       // the UUID; an empty one it sends as a second UUID header.
       if (!entry.second.empty()) {
-        mapped->poison = Error{
-            ErrorCode::kPoison,
-            fmt::format("metadata key \"{}\" is reserved for the message UUID", kUuidHeader)};
+        mapped->poison =
+            Error{ErrorCode::kPoison,
+                  fmt::format("metadata key \"{}\" is reserved for the message UUID", kUuidHeader)};
         return false;
       }
       if (options_.uuid_in_metadata == UuidInMetadata::kDrop) continue;
@@ -261,8 +261,8 @@ void RecordMapper::MapWatermill(const ColumnMap& columns, const TupleValue& uuid
     if (!payload_bytes(&text)) return;
     if (!envelope_) envelope_ = std::make_unique<Envelope>();
     if (auto st = envelope_->Parse(text); !st) {
-      mapped->poison = Error{ErrorCode::kPoison,
-                             fmt::format("forwarder envelope: {}", st.error().message)};
+      mapped->poison =
+          Error{ErrorCode::kPoison, fmt::format("forwarder envelope: {}", st.error().message)};
       return;
     }
     topic_.assign(envelope_->destination_topic());
@@ -396,9 +396,9 @@ Result<Mapped> RecordMapper::Map(const ColumnMap& columns, const pgoutput::Tuple
       // which its consumers then read as the message's UUID: so do we, unless
       // told to drop it (UuidInMetadata).
       if (!entry.second.empty()) {
-        mapped.poison = Error{
-            ErrorCode::kPoison,
-            fmt::format("metadata key \"{}\" is reserved for the message UUID", kUuidHeader)};
+        mapped.poison =
+            Error{ErrorCode::kPoison,
+                  fmt::format("metadata key \"{}\" is reserved for the message UUID", kUuidHeader)};
         return mapped;
       }
       if (options_.uuid_in_metadata == UuidInMetadata::kDrop) continue;

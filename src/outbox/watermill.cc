@@ -147,7 +147,7 @@ Status DecodeGoBase64(std::string_view src, std::string* out) {
     bool padded = false;
     for (size_t j = 0; j < 4; ++j) {
       if (si == src.size()) {
-        if (j == 0) return Ok();  // only newlines were left
+        if (j == 0) return Ok();   // only newlines were left
         return BadBase64(si - j);  // padding is required
       }
       const char in = src[si++];
@@ -187,8 +187,8 @@ Status DecodeGoBase64(std::string_view src, std::string* out) {
 bool IsKafkaTopicName(std::string_view topic) {
   if (topic.empty() || topic.size() > 249 || topic == "." || topic == "..") return false;
   return std::all_of(topic.begin(), topic.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '.' || c == '_' || c == '-';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+           c == '_' || c == '-';
   });
 }
 
@@ -258,9 +258,8 @@ Status Envelope::Parse(std::string_view json) {
   auto mismatch = [&](std::string_view field, simdjson::dom::element_type type,
                       std::string_view wanted) {
     if (!type_error) {
-      type_error = Error{ErrorCode::kPoison,
-                         fmt::format("the envelope's \"{}\" is {}, expected {}", field,
-                                     DescribeType(type), wanted)};
+      type_error = Error{ErrorCode::kPoison, fmt::format("the envelope's \"{}\" is {}, expected {}",
+                                                         field, DescribeType(type), wanted)};
     }
   };
   if (root_type == simdjson::dom::element_type::OBJECT) {
@@ -313,11 +312,11 @@ Status Envelope::Parse(std::string_view json) {
             } else if (entry_type == T::NULL_VALUE) {
               metadata_.Set(entry.key, "");
             } else if (!type_error) {
-              type_error = Error{ErrorCode::kPoison,
-                                 fmt::format("the envelope's metadata value for key \"{}{}\" is "
-                                             "{}, expected a string",
-                                             Shorten(entry.key), Ellipsis(entry.key),
-                                             DescribeType(entry_type))};
+              type_error = Error{
+                  ErrorCode::kPoison,
+                  fmt::format("the envelope's metadata value for key \"{}{}\" is "
+                              "{}, expected a string",
+                              Shorten(entry.key), Ellipsis(entry.key), DescribeType(entry_type))};
             }
           }
         } else {

@@ -104,9 +104,9 @@ Status Publisher::DeadLetter(const Error& reason, const outbox::RowIdentity& ide
     if (v.kind != pgoutput::TupleValue::Kind::kText) return std::nullopt;
     return v.text;
   };
-  const outbox::KafkaRecord& record = dead_letters_.Build(
-      reason, identity, columns.table.empty() ? options_.table : columns.table, tx->final_lsn,
-      text(columns.payload), text(columns.metadata));
+  const outbox::KafkaRecord& record =
+      dead_letters_.Build(reason, identity, columns.table.empty() ? options_.table : columns.table,
+                          tx->final_lsn, text(columns.payload), text(columns.metadata));
   spdlog::warn("dead-lettering row transaction_id={} offset={} to {}: {}", identity.transaction_id,
                identity.offset, options_.dlq_topic, reason.message);
   stats_->dead_lettered.fetch_add(1, std::memory_order_relaxed);

@@ -170,7 +170,7 @@ Status SlotSetup::Run() {
   if (!snapshot) return std::unexpected(snapshot.error());
   if (snapshot->has_value()) {
     if (auto st = options_.backfill_rows ? options_.backfill_rows(*conn, **snapshot)
-                                    : Backfill(*conn, **snapshot);
+                                         : Backfill(*conn, **snapshot);
         !st) {
       return st;
     }

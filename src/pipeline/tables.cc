@@ -33,8 +33,7 @@ const OutboxTable* TableRouter::ByName(const pgoutput::Relation& relation) const
 Status TableRouter::OnRelation(const pgoutput::Relation& relation) {
   const OutboxTable* table = ByName(relation);
   auto known = names_.find(relation.relation_id);
-  if (known != names_.end() &&
-      (table == nullptr || known->second != table->name.ToString())) {
+  if (known != names_.end() && (table == nullptr || known->second != table->name.ToString())) {
     // Renamed (or moved to another schema): the publication follows the
     // table, but the marker, the backfill and the progress writer find it by
     // the configured name. Going on with the old column positions would

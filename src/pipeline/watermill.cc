@@ -115,18 +115,18 @@ bool GlobMatch(std::string_view pattern, std::string_view text) {
 
 bool WatermillSettings::Selects(std::string_view schema, std::string_view name) const {
   auto listed = [&](const std::vector<pg::QualifiedName>& list) {
-    return std::any_of(list.begin(), list.end(),
-                       [&](const pg::QualifiedName& q) { return q.schema == schema && q.name == name; });
+    return std::any_of(list.begin(), list.end(), [&](const pg::QualifiedName& q) {
+      return q.schema == schema && q.name == name;
+    });
   };
   if (listed(tables) || listed(forwarder_tables)) return true;
   return pattern && pattern->schema == schema && GlobMatch(pattern->name, name);
 }
 
 bool WatermillSettings::IsForwarder(const pg::QualifiedName& table) const {
-  return std::any_of(forwarder_tables.begin(), forwarder_tables.end(),
-                     [&](const pg::QualifiedName& q) {
-                       return q.schema == table.schema && q.name == table.name;
-                     });
+  return std::any_of(
+      forwarder_tables.begin(), forwarder_tables.end(),
+      [&](const pg::QualifiedName& q) { return q.schema == table.schema && q.name == table.name; });
 }
 
 Result<std::string> WatermillShapeProblem(pg::Connection& conn, const pg::QualifiedName& table) {
@@ -166,10 +166,11 @@ Result<ResolvedTables> ResolveWatermillTables(pg::Connection& conn, const Waterm
   };
   auto add = [&](const pg::QualifiedName& t, bool listed) -> Status {
     if (!seen.insert(t.ToString()).second) return Ok();
-    const char* setting = listed ? (s.IsForwarder(t) ? "--watermill-forwarder-tables "
-                                                       "(OUTBOX_WATERMILL_FORWARDER_TABLES)"
-                                                     : "--watermill-tables (OUTBOX_WATERMILL_TABLES)")
-                                 : "--watermill-table-pattern (OUTBOX_WATERMILL_TABLE_PATTERN)";
+    const char* setting = listed
+                              ? (s.IsForwarder(t) ? "--watermill-forwarder-tables "
+                                                    "(OUTBOX_WATERMILL_FORWARDER_TABLES)"
+                                                  : "--watermill-tables (OUTBOX_WATERMILL_TABLES)")
+                              : "--watermill-table-pattern (OUTBOX_WATERMILL_TABLE_PATTERN)";
     auto refuse = [&](std::string why) -> Status {
       if (listed) {
         return Fail(ErrorCode::kInvalidArgument, "invalid setting {}: {}", setting, why);
@@ -334,9 +335,10 @@ Status WatermillTables::EnsureOffsetsTables(pg::Connection& conn) {
 
 Status WatermillTables::EnsurePublication(pg::Connection& conn) {
   std::optional<std::string> name[] = {options_.publication};
-  auto pub = conn.ExecParams("SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate "
-                             "FROM pg_publication WHERE pubname = $1",
-                             name);
+  auto pub = conn.ExecParams(
+      "SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate "
+      "FROM pg_publication WHERE pubname = $1",
+      name);
   if (!pub) return std::unexpected(pub.error());
   auto refuse = [&](std::string what, std::string fix) -> Status {
     return Fail(ErrorCode::kInvalidArgument,
@@ -364,19 +366,21 @@ Status WatermillTables::EnsurePublication(pg::Connection& conn) {
   };
   const std::string p = pg::QuoteIdent(options_.publication);
   if (is_true(0)) {
-    return refuse("is FOR ALL TABLES: every table's changes are streamed to the relay, its own "
-                  "commit index outbox_relay.commits among them",
-                  fmt::format("give the relay a publication of its own: {};",
-                              CreateWatermillPublicationSql("outbox_relay_own", tables_)));
+    return refuse(
+        "is FOR ALL TABLES: every table's changes are streamed to the relay, its own "
+        "commit index outbox_relay.commits among them",
+        fmt::format("give the relay a publication of its own: {};",
+                    CreateWatermillPublicationSql("outbox_relay_own", tables_)));
   }
   if (!is_true(1)) {
     return refuse("does not publish inserts: no row would arrive",
                   fmt::format("ALTER PUBLICATION {} SET (publish = 'insert');", p));
   }
   if (is_true(2) || is_true(3) || is_true(4)) {
-    spdlog::warn("publication {} also publishes update/delete/truncate: the relay ignores them "
-                 "(fix: ALTER PUBLICATION {} SET (publish = 'insert');)",
-                 options_.publication, p);
+    spdlog::warn(
+        "publication {} also publishes update/delete/truncate: the relay ignores them "
+        "(fix: ALTER PUBLICATION {} SET (publish = 'insert');)",
+        options_.publication, p);
   }
   std::vector<std::string> needed;
   for (const NeededColumn& c : NeededColumns()) needed.emplace_back(c.name);
@@ -418,8 +422,8 @@ Status WatermillTables::Join(pg::Connection& conn, const OutboxTable& table) {
     return std::unexpected(std::move(e));
   };
   if (auto st = conn.Exec("BEGIN"); !st) return std::unexpected(st.error());
-  if (auto st = conn.Exec(fmt::format("SET LOCAL lock_timeout = '{}ms'",
-                                      options_.join_lock_timeout.count()));
+  if (auto st = conn.Exec(
+          fmt::format("SET LOCAL lock_timeout = '{}ms'", options_.join_lock_timeout.count()));
       !st) {
     return rollback(st.error());
   }
@@ -436,7 +440,8 @@ Status WatermillTables::Join(pg::Connection& conn, const OutboxTable& table) {
         "MODE; {alter}; INSERT INTO outbox_relay.state (slot_name, key, value) VALUES ({slot}, "
         "{key}, pg_current_snapshot()::text) ON CONFLICT (slot_name, key) DO UPDATE SET value = "
         "excluded.value; COMMIT;",
-        fmt::arg("t", t), fmt::arg("alter", alter), fmt::arg("slot", pg::QuoteLiteral(options_.slot)),
+        fmt::arg("t", t), fmt::arg("alter", alter),
+        fmt::arg("slot", pg::QuoteLiteral(options_.slot)),
         fmt::arg("key", pg::QuoteLiteral(std::string(kCatchUpKeyPrefix) + table.name.ToString())));
   };
   if (auto st = conn.Exec(fmt::format("LOCK TABLE {} IN SHARE MODE", t)); !st) {
@@ -488,7 +493,8 @@ void WatermillTables::UpdateProgressTables() {
 Status WatermillTables::WaitDelivered() {
   while (!tracker_->WaitEmpty(milliseconds(1000))) {
     stats_->Beat();
-    if (auto failure = tracker_->failure()) return Fail(ErrorCode::kFatal, "backfill: {}", *failure);
+    if (auto failure = tracker_->failure())
+      return Fail(ErrorCode::kFatal, "backfill: {}", *failure);
     if (stop_->requested()) return Ok();
     if (auto st = publisher_->DeadLetterRefused(nullptr); !st) return st;
     spdlog::info("backfill: waiting for {} rows in flight", tracker_->rows_in_flight());
@@ -621,16 +627,18 @@ Status WatermillTables::CatchUp(pg::Connection& conn) {
     if (table != tables_.end()) {
       if (progress_ != nullptr) progress_->SetStreaming(false);
       uint64_t rows = 0;
-      spdlog::info("table {} joined the publication: publishing its rows written before (snapshot "
-                   "{})",
-                   name, snapshot);
+      spdlog::info(
+          "table {} joined the publication: publishing its rows written before (snapshot "
+          "{})",
+          name, snapshot);
       if (auto st = PublishTable(conn, *table, snapshot, bound, &rows); !st) return st;
       if (stop_->requested()) return Ok();  // resumes from the stored snapshot
       spdlog::info("table {}: {} rows written before it joined published", name, rows);
     } else {
-      spdlog::warn("table {} joined the publication but is no longer followed: its rows written "
-                   "before are not published",
-                   name);
+      spdlog::warn(
+          "table {} joined the publication but is no longer followed: its rows written "
+          "before are not published",
+          name);
     }
     if (auto st = pg::DeleteState(conn, options_.slot, key); !st) return st;
   }
@@ -715,9 +723,10 @@ void WatermillTables::DiscoveryLoop() {
       if (!in_publication.contains(t.name.ToString())) missing.push_back(t.name.ToString());
     }
     if (!missing.empty()) {
-      spdlog::info("watermill table(s) {} not in publication {} yet: the stream restarts between "
-                   "transactions to let them join",
-                   fmt::join(missing, ", "), options_.publication);
+      spdlog::info(
+          "watermill table(s) {} not in publication {} yet: the stream restarts between "
+          "transactions to let them join",
+          fmt::join(missing, ", "), options_.publication);
       end_requested_.store(true);
     }
   }

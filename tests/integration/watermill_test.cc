@@ -58,10 +58,10 @@ class Watermill : public RelayTest {
 
   // The group's (last_processed_transaction_id, offset_acked), "" without a row.
   std::string Position() {
-    auto rows = db_->Query(fmt::format(
-        "SELECT last_processed_transaction_id::text || '/' || offset_acked FROM {} "
-        "WHERE consumer_group = 'g'",
-        QuoteIdent(other_table_)));
+    auto rows = db_->Query(
+        fmt::format("SELECT last_processed_transaction_id::text || '/' || offset_acked FROM {} "
+                    "WHERE consumer_group = 'g'",
+                    QuoteIdent(other_table_)));
     return rows.empty() ? std::string() : rows[0][0].value_or("");
   }
 
@@ -124,13 +124,14 @@ TEST_F(Watermill, FirstStartPublishesWhatTheGroupHasNotProcessedAndNothingElse) 
   std::vector<std::string> uuids;
   for (int i = 0; i < 10; ++i) uuids.push_back(Insert(*db_, i));  // ten transactions
   // The polling forwarder's position: the fourth row processed.
-  db_->Exec(fmt::format(
-      "CREATE TABLE {} (consumer_group VARCHAR(255) NOT NULL, offset_acked BIGINT, "
-      "last_processed_transaction_id xid8 NOT NULL, PRIMARY KEY(consumer_group))",
-      QuoteIdent(other_table_)));
-  db_->Exec(fmt::format("INSERT INTO {o} SELECT 'g', \"offset\", transaction_id FROM {t} "
-                        "ORDER BY transaction_id, \"offset\" OFFSET 3 LIMIT 1",
-                        fmt::arg("o", QuoteIdent(other_table_)), fmt::arg("t", QuoteIdent(name_))));
+  db_->Exec(
+      fmt::format("CREATE TABLE {} (consumer_group VARCHAR(255) NOT NULL, offset_acked BIGINT, "
+                  "last_processed_transaction_id xid8 NOT NULL, PRIMARY KEY(consumer_group))",
+                  QuoteIdent(other_table_)));
+  db_->Exec(
+      fmt::format("INSERT INTO {o} SELECT 'g', \"offset\", transaction_id FROM {t} "
+                  "ORDER BY transaction_id, \"offset\" OFFSET 3 LIMIT 1",
+                  fmt::arg("o", QuoteIdent(other_table_)), fmt::arg("t", QuoteIdent(name_))));
   RelayProcess& relay = StartRelay(WatermillArgs());
   ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
   std::string late = Insert(*db_, 10);

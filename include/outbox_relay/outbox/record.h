@@ -222,7 +222,7 @@ class RecordMapper {
   Metadata metadata_;
   std::string topic_;
   std::string lsn_text_;
-  std::string payload_bytes_;  // a bytea payload, decoded
+  std::string payload_bytes_;           // a bytea payload, decoded
   std::unique_ptr<Envelope> envelope_;  // kForwarder rows (made on first use)
   KafkaRecord record_;
 };

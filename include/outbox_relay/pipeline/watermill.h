@@ -72,10 +72,10 @@ namespace outbox_relay::pipeline {
 bool GlobMatch(std::string_view pattern, std::string_view text);
 
 struct WatermillSettings {
-  std::vector<pg::QualifiedName> tables;            // direct tables, listed
-  std::vector<pg::QualifiedName> forwarder_tables;  // envelope tables, listed
-  std::optional<pg::QualifiedName> pattern;         // its name may hold '*'
-  std::map<std::string, std::string> topics;        // "schema.table" -> topic
+  std::vector<pg::QualifiedName> tables;             // direct tables, listed
+  std::vector<pg::QualifiedName> forwarder_tables;   // envelope tables, listed
+  std::optional<pg::QualifiedName> pattern;          // its name may hold '*'
+  std::map<std::string, std::string> topics;         // "schema.table" -> topic
   std::map<std::string, pg::QualifiedName> offsets;  // "schema.table" -> offsets table
   std::string consumer_group;
 

@@ -174,7 +174,7 @@ class AckTracker {
   uint64_t next_seq_ = 0;
   const bool marking_;
   bool unsafe_confirm_newest_ = false;
-  std::atomic<uint64_t> newest_end_{0};  // end of the last committed transaction received
+  std::atomic<uint64_t> newest_end_{0};    // end of the last committed transaction received
   std::atomic<uint64_t> idle_wal_end_{0};  // wal_end of the last keepalive between transactions
 };
 

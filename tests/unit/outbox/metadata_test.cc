@@ -212,8 +212,7 @@ TEST(MetadataParse, LoneSurrogateEscapeDecodesToReplacementCharacterAsGoDoes) {
   // Low then high: both unpaired.
   EXPECT_THAT(MustParse(m, R"({"a":"\ude00\ud83d"})"), ElementsAre(Pair("a", fffd + fffd)));
   // In a key too; an escaped backslash before "u" is no escape.
-  EXPECT_THAT(MustParse(m, R"({"k\udc00":"\\ud83d"})"),
-              ElementsAre(Pair("k" + fffd, "\\ud83d")));
+  EXPECT_THAT(MustParse(m, R"({"k\udc00":"\\ud83d"})"), ElementsAre(Pair("k" + fffd, "\\ud83d")));
 }
 
 TEST(MetadataParse, UnescapedControlCharacterIsPoison) {

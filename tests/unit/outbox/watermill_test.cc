@@ -63,12 +63,12 @@ TEST(GoBase64, AcceptsNonZeroTrailingBitsAsTheNonStrictEncodingDoes) {
 }
 
 TEST(GoBase64, RejectsWhatGoRejectsAtTheSameByte) {
-  EXPECT_EQ(Base64Error("YQ"), "illegal base64 data at input byte 0");     // no padding
-  EXPECT_EQ(Base64Error("YWJ"), "illegal base64 data at input byte 0");    // no padding
-  EXPECT_EQ(Base64Error("Y"), "illegal base64 data at input byte 0");      // one char
+  EXPECT_EQ(Base64Error("YQ"), "illegal base64 data at input byte 0");   // no padding
+  EXPECT_EQ(Base64Error("YWJ"), "illegal base64 data at input byte 0");  // no padding
+  EXPECT_EQ(Base64Error("Y"), "illegal base64 data at input byte 0");    // one char
   EXPECT_EQ(Base64Error("YQ=="
                         "YQ=="),
-            "illegal base64 data at input byte 4");  // data after the padding
+            "illegal base64 data at input byte 4");                       // data after the padding
   EXPECT_EQ(Base64Error("YQ="), "illegal base64 data at input byte 3");   // one '=' of two
   EXPECT_EQ(Base64Error("YQ=x"), "illegal base64 data at input byte 2");  // '=' then data
   EXPECT_EQ(Base64Error("Y==="), "illegal base64 data at input byte 1");  // padding too early
@@ -145,9 +145,9 @@ TEST(ForwarderEnvelope, NullPayloadIsNilEmptyPayloadIsEmpty) {
 
 TEST(ForwarderEnvelope, FieldNamesMatchCaseInsensitivelyLastOneWins) {
   Envelope e;
-  auto st = e.Parse(
-      R"({"Destination_Topic":"a","UUID":"u1","uuid":"u2","PAYLOAD":"YQ==","extra":[1,2],)"
-      R"("MetaData":{"k":"v"}})");
+  auto st =
+      e.Parse(R"({"Destination_Topic":"a","UUID":"u1","uuid":"u2","PAYLOAD":"YQ==","extra":[1,2],)"
+              R"("MetaData":{"k":"v"}})");
   ASSERT_TRUE(st.has_value()) << st.error().message;
   EXPECT_EQ(e.destination_topic(), "a");
   EXPECT_EQ(e.uuid(), "u2");
@@ -207,8 +207,9 @@ TEST(ForwarderEnvelope, WhatTheForwarderCannotUnwrapIsPoison) {
 TEST(ForwarderEnvelope, LoneSurrogatesBecomeReplacementCharacters) {
   Envelope e;
   ASSERT_TRUE(e.Parse(R"({"destination_topic":"t","uuid":"a\ud83db","metadata":{"k":"\udc00"}})"));
-  EXPECT_EQ(e.uuid(), "a\xEF\xBF\xBD"
-                      "b");
+  EXPECT_EQ(e.uuid(),
+            "a\xEF\xBF\xBD"
+            "b");
   EXPECT_THAT(Entries(e.metadata()), ElementsAre(Pair("k", "\xEF\xBF\xBD")));
 }
 
@@ -231,13 +232,13 @@ pgoutput::Relation WatermillRelation(pgoutput::Oid payload_type = 114) {
   r.relation_id = 16500;
   r.nspname = "public";
   r.relname = "watermill_orders";
-  for (auto [name, type] : std::vector<std::pair<const char*, pgoutput::Oid>>{
-           {"offset", 20},
-           {"uuid", 1043},
-           {"created_at", 1114},
-           {"payload", payload_type},
-           {"metadata", 114},
-           {"transaction_id", 5069}}) {
+  for (auto [name, type] :
+       std::vector<std::pair<const char*, pgoutput::Oid>>{{"offset", 20},
+                                                          {"uuid", 1043},
+                                                          {"created_at", 1114},
+                                                          {"payload", payload_type},
+                                                          {"metadata", 114},
+                                                          {"transaction_id", 5069}}) {
     r.columns.push_back(pgoutput::RelationColumn{0, name, type, -1});
   }
   return r;
@@ -362,9 +363,9 @@ TEST_F(WatermillMapperTest, ForwarderRowIsTheEnvelopesMessage) {
   WRow row;
   row.uuid = Text("wrapper-uuid");
   row.metadata = Text("{}");
-  row.payload = Text(
-      R"({"destination_topic":"orders.created","uuid":"inner-uuid","payload":"AP8=",)"
-      R"("metadata":{"name":"OrderCreated","b":""}})");
+  row.payload =
+      Text(R"({"destination_topic":"orders.created","uuid":"inner-uuid","payload":"AP8=",)"
+           R"("metadata":{"name":"OrderCreated","b":""}})");
   Mapped m = Map(mapper, Columns(TableKind::kForwarder), row);
   ASSERT_NE(m.record, nullptr) << m.poison->message;
   EXPECT_EQ(m.identity.uuid, "wrapper-uuid");  // what finds the row in the table
@@ -380,8 +381,8 @@ TEST_F(WatermillMapperTest, ForwarderEnvelopeInABytea) {
   RecordMapper mapper = Mapper();
   WRow row;
   // {"destination_topic":"t","payload":null}
-  row.payload = Text(
-      "\\x7b2264657374696e6174696f6e5f746f706963223a2274222c227061796c6f6164223a6e756c6c7d");
+  row.payload =
+      Text("\\x7b2264657374696e6174696f6e5f746f706963223a2274222c227061796c6f6164223a6e756c6c7d");
   Mapped m = Map(mapper, Columns(TableKind::kForwarder, 17), row);
   ASSERT_NE(m.record, nullptr) << m.poison->message;
   EXPECT_EQ(m.record->topic, "t");
@@ -410,8 +411,8 @@ TEST_F(WatermillMapperTest, ReservedUuidInTheEnvelopesMetadata) {
       Text(R"({"destination_topic":"t","uuid":"u","metadata":{"_watermill_message_uuid":""}})");
   Mapped m = Map(mapper, Columns(TableKind::kForwarder), row);
   ASSERT_NE(m.record, nullptr);
-  EXPECT_THAT(Copy(m.record->headers),
-              ElementsAre(Pair("_watermill_message_uuid", "u"), Pair("_watermill_message_uuid", "")));
+  EXPECT_THAT(Copy(m.record->headers), ElementsAre(Pair("_watermill_message_uuid", "u"),
+                                                   Pair("_watermill_message_uuid", "")));
 }
 
 }  // namespace

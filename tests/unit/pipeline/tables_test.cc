@@ -51,7 +51,8 @@ TEST(TableRouter, WatermillTablesCarryKindTopicAndTheGroupsPosition) {
   TableRouter router(tables, outbox::ColumnNames{},
                      {{"public.watermill_orders", outbox::TablePosition{900, 7}}});
   ASSERT_TRUE(router.OnRelation(Rel(10, "public", "watermill_orders", WatermillColumns())));
-  ASSERT_TRUE(router.OnRelation(Rel(11, "public", "watermill_forwarder_topic", WatermillColumns())));
+  ASSERT_TRUE(
+      router.OnRelation(Rel(11, "public", "watermill_forwarder_topic", WatermillColumns())));
   const outbox::ColumnMap* orders = router.Find(10);
   ASSERT_NE(orders, nullptr);
   EXPECT_EQ(orders->kind, outbox::TableKind::kWatermill);
@@ -66,8 +67,10 @@ TEST(TableRouter, WatermillTablesCarryKindTopicAndTheGroupsPosition) {
 }
 
 TEST(TableRouter, RenamedTableStopsTheStreamNamingTheSetting) {
-  TableRouter router({{pg::QualifiedName{"public", "watermill_orders"}, outbox::TableKind::kWatermill,
-                       "orders", {}}},
+  TableRouter router({{pg::QualifiedName{"public", "watermill_orders"},
+                       outbox::TableKind::kWatermill,
+                       "orders",
+                       {}}},
                      outbox::ColumnNames{});
   ASSERT_TRUE(router.OnRelation(Rel(10, "public", "watermill_orders", WatermillColumns())));
   auto st = router.OnRelation(Rel(10, "public", "watermill_orders_v2", WatermillColumns()));
@@ -91,8 +94,10 @@ TEST(TableRouter, ASelectedTableItDoesNotKnowEndsTheSession) {
 }
 
 TEST(TableRouter, MissingColumnAfterASchemaChangeIsFatal) {
-  TableRouter router({{pg::QualifiedName{"public", "watermill_orders"}, outbox::TableKind::kWatermill,
-                       "orders", {}}},
+  TableRouter router({{pg::QualifiedName{"public", "watermill_orders"},
+                       outbox::TableKind::kWatermill,
+                       "orders",
+                       {}}},
                      outbox::ColumnNames{});
   auto st = router.OnRelation(Rel(10, "public", "watermill_orders", {"offset", "uuid"}));
   ASSERT_FALSE(st.has_value());
