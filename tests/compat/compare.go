@@ -21,6 +21,10 @@ type comparison struct {
 	missing    int // committed, absent from a stream
 	phantoms   int // rolled back, present
 	duplicates int // the relay's extra copies
+	// Order: within each partition of the relay's stream, messages in commit
+	// order (the writers of these scenarios commit one transaction at a time,
+	// so the ledger's order is the commit order).
+	orderViolations int
 }
 
 func (c *comparison) fail(format string, args ...any) {
@@ -28,13 +32,13 @@ func (c *comparison) fail(format string, args ...any) {
 }
 
 func (c *comparison) ok() bool {
-	return len(c.mismatches) == 0 && c.missing == 0 && c.phantoms == 0
+	return len(c.mismatches) == 0 && c.missing == 0 && c.phantoms == 0 && c.orderViolations == 0
 }
 
 func (c *comparison) String() string {
 	s := fmt.Sprintf("%s: %d messages compared (%d keyed, partition compared), %d mismatches, "+
-		"%d missing, %d phantoms, %d duplicates", c.name, c.compared, c.keyed,
-		len(c.mismatches), c.missing, c.phantoms, c.duplicates)
+		"%d missing, %d phantoms, %d order violations, %d duplicates", c.name, c.compared, c.keyed,
+		len(c.mismatches), c.missing, c.phantoms, c.orderViolations, c.duplicates)
 	for i, m := range c.mismatches {
 		if i == 10 {
 			s += fmt.Sprintf("\n    ... and %d more", len(c.mismatches)-10)
@@ -155,6 +159,7 @@ func compareStreams(c *comparison, l *ledger, relay, ref []record, relaySub, ref
 			c.fail("%s: subscriber metadata %v vs %v", id, ma.Metadata, mb.Metadata)
 		}
 	}
+	c.orderViolations += orderViolations(l, relay)
 	for id := range l.rolledBack {
 		if _, ok := relayByID[id]; ok {
 			c.phantoms++
@@ -182,4 +187,42 @@ func describe(msgs map[string]*message.Message) string {
 	}
 	sort.Strings(parts)
 	return strings.Join(parts, ",")
+}
+
+// orderViolations counts the records of `recs` (as readRaw returns them:
+// partition by partition, in offset order) that come after a record whose
+// transaction committed later, per partition, among the messages delivered
+// once (a duplicate's copies may lie in other partitions; duplicates are
+// counted on their own).
+func orderViolations(l *ledger, recs []record) int {
+	l.mu.Lock()
+	position := make(map[string]int, len(l.order))
+	for i, id := range l.order {
+		position[id] = i
+	}
+	l.mu.Unlock()
+	type partition struct {
+		topic string
+		n     int32
+	}
+	copies := map[string]int{}
+	for _, r := range recs {
+		copies[recordIdentity(r)]++
+	}
+	last := map[partition]int{}
+	violations := 0
+	for _, r := range recs {
+		id := recordIdentity(r)
+		pos, ok := position[id]
+		if !ok || copies[id] != 1 {
+			continue
+		}
+		p := partition{r.topic, r.partition}
+		if prev, ok := last[p]; ok && pos < prev {
+			violations++
+			continue
+		}
+		last[p] = pos
+	}
+	return violations
 }
