@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "fixture.h"
+#include "ops_support.h"
 
 namespace outbox_test {
 namespace {
@@ -231,6 +232,50 @@ TEST_F(Watermill, LoadAcrossARestartLosesNothingAndKeepsEachKeysOrder) {
   EXPECT_GE(report.consumed, report.committed);
   relay->Terminate();
   EXPECT_EQ(relay->Wait(seconds(30)), std::optional<int>(0)) << relay->LogTail();
+}
+
+// `cleanup --table-mode=watermill`: a row goes once it is past retention and
+// every consumer group in the offsets table has processed it (the smallest
+// position of all groups); younger rows and rows a group has not processed
+// stay.
+TEST_F(Watermill, CleanupDeletesOnlyOldRowsEveryConsumerGroupProcessed) {
+  std::vector<std::string> old_uuids;
+  for (int i = 0; i < 10; ++i) {  // ten transactions, ten days old
+    old_uuids.push_back(NewUlid());
+    db_->Exec(fmt::format("INSERT INTO {} (uuid, created_at, payload, metadata, transaction_id) "
+                          "VALUES ($1, now()::timestamp - interval '10 days', '{{}}', '{{}}', "
+                          "pg_current_xact_id())",
+                          QuoteIdent(name_)),
+              {old_uuids.back()});
+  }
+  std::string young = Insert(*db_, 99);
+  db_->Exec(
+      fmt::format("CREATE TABLE {} (consumer_group VARCHAR(255) NOT NULL, offset_acked BIGINT, "
+                  "last_processed_transaction_id xid8 NOT NULL, PRIMARY KEY(consumer_group))",
+                  QuoteIdent(other_table_)));
+  // Group g has processed seven rows, group slow four; the young row is
+  // processed by both (still inside retention).
+  for (auto [group, n] : {std::pair<const char*, int>{"g", 6}, {"slow", 3}}) {
+    db_->Exec(
+        fmt::format("INSERT INTO {o} SELECT '{g}', \"offset\", transaction_id FROM {t} "
+                    "ORDER BY transaction_id, \"offset\" OFFSET {n} LIMIT 1",
+                    fmt::arg("o", QuoteIdent(other_table_)), fmt::arg("g", group),
+                    fmt::arg("t", QuoteIdent(name_)), fmt::arg("n", n)));
+  }
+  CommandResult run = RunRelayCommand(
+      {"cleanup", "--table-mode", "watermill", "--watermill-tables", "public." + name_,
+       "--watermill-topic-map", fmt::format("public.{}={}", name_, topic_),
+       "--watermill-offsets-table-map", fmt::format("public.{}=public.{}", name_, other_table_),
+       "--retention-days", "7", "--batch-size", "3", "--batch-sleep-ms", "0"},
+      {{"DATABASE_URL", env_.database_url}});
+  ASSERT_EQ(run.exit_code, 0) << run.Describe();
+  std::set<std::string> left;
+  for (const Row& r : db_->Query(fmt::format("SELECT uuid FROM {}", QuoteIdent(name_)))) {
+    left.insert(*r[0]);
+  }
+  std::set<std::string> want(old_uuids.begin() + 4, old_uuids.end());
+  want.insert(young);
+  EXPECT_EQ(left, want) << run.Describe();
 }
 
 }  // namespace
