@@ -320,6 +320,14 @@ Status WatermillTables::EnsureOffsetsTables(pg::Connection& conn) {
     if (pg::GetValue(found->get(), 0, 0) == std::optional<std::string_view>("t")) continue;
     std::string ddl = OffsetsTableDdl(t.offsets);
     if (auto created = conn.Exec(ddl); !created) {
+      // Two sessions running CREATE TABLE IF NOT EXISTS at once (a polling
+      // subscriber with InitializeSchema starting beside the relay): the
+      // loser fails on pg_type's unique index. The table is there: go on.
+      auto again = conn.ExecParams("SELECT to_regclass($1) IS NOT NULL", params);
+      if (again && pg::GetValue(again->get(), 0, 0) == std::optional<std::string_view>("t")) {
+        spdlog::info("{} was created meanwhile by another session", t.offsets.ToString());
+        continue;
+      }
       Error e = created.error();
       e.message += fmt::format(
           "\nThe relay keeps the consumer group's position where watermill-sql's subscriber "

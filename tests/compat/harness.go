@@ -117,6 +117,37 @@ func (e *env) createTopics(names ...string) error {
 		}
 		e.topics = append(e.topics, n)
 	}
+	return e.waitForLeaders(names...)
+}
+
+// waitForLeaders waits until every partition of `names` has a leader: a
+// consumer started on a topic the broker has just created can otherwise be
+// told "not the leader for some partition" and give up.
+func (e *env) waitForLeaders(names ...string) error {
+	var last error
+	ok := waitFor(30*time.Second, func() bool {
+		metas, err := e.admin.DescribeTopics(names)
+		if err != nil {
+			last = err
+			return false
+		}
+		for _, m := range metas {
+			if m.Err != sarama.ErrNoError || len(m.Partitions) != int(e.partitions) {
+				last = fmt.Errorf("topic %s: %v, %d partitions", m.Name, m.Err, len(m.Partitions))
+				return false
+			}
+			for _, p := range m.Partitions {
+				if p.Err != sarama.ErrNoError || p.Leader < 0 {
+					last = fmt.Errorf("topic %s partition %d: %v, leader %d", m.Name, p.ID, p.Err, p.Leader)
+					return false
+				}
+			}
+		}
+		return true
+	})
+	if !ok {
+		return fmt.Errorf("topics without leaders after 30 s: %v", last)
+	}
 	return nil
 }
 
