@@ -4,6 +4,29 @@
 
 namespace outbox_relay::app {
 
+namespace {
+
+std::unexpected<Error> Bad(std::string_view flag, std::string_view env, std::string_view why) {
+  return Fail(ErrorCode::kInvalidArgument, "invalid setting {} ({}): {}", flag, env, why);
+}
+
+std::vector<std::string> SplitCommas(std::string_view text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(',', start);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view item = text.substr(start, end - start);
+    while (!item.empty() && (item.front() == ' ' || item.front() == '\t')) item.remove_prefix(1);
+    while (!item.empty() && (item.back() == ' ' || item.back() == '\t')) item.remove_suffix(1);
+    if (!item.empty()) out.emplace_back(item);
+    start = end + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
 void AddLogFlags(CLI::App& app, LogConfig& c) {
   app.add_option("--log-format", c.format, "Log format: text or json")
       ->envname("OUTBOX_LOG_FORMAT")
@@ -160,6 +183,140 @@ void AddRunFlags(CLI::App& app, RelayConfig& c) {
                  "How often outbox_rows_total is sampled from the table")
       ->envname("OUTBOX_ROW_COUNT_INTERVAL_S")
       ->capture_default_str();
+  app.add_option("--uuid-in-metadata", c.uuid_in_metadata_flag,
+                 "A metadata entry named _watermill_message_uuid: watermill (as watermill-kafka's "
+                 "marshaler: an empty one is sent as a second UUID header, which its consumers "
+                 "read as the message's UUID; a non-empty one makes the row poison) or drop (an "
+                 "empty one is left out; a non-empty one is still poison)")
+      ->envname("OUTBOX_UUID_IN_METADATA")
+      ->check(CLI::IsMember({"watermill", "drop"}))
+      ->capture_default_str();
+  AddWatermillTableFlags(app, c.watermill_flags);
+  app.add_option("--watermill-consumer-group", c.watermill_consumer_group,
+                 "watermill mode: the consumer group whose position the relay reads (backfill) "
+                 "and advances (so the polling forwarder can take over); the forwarder's "
+                 "ConsumerGroup")
+      ->envname("OUTBOX_WATERMILL_CONSUMER_GROUP")
+      ->capture_default_str();
+  app.add_option("--watermill-key-field", c.mapper.watermill_key_field,
+                 "watermill mode: metadata key whose value is the record key (\"\" when "
+                 "absent, as a partitioning marshaler over msg.Metadata.Get); empty: null keys, "
+                 "as DefaultMarshaler")
+      ->envname("OUTBOX_WATERMILL_KEY_FIELD")
+      ->capture_default_str();
+  app.add_option("--watermill-discover-interval-s", c.watermill_discover_interval_s,
+                 "watermill mode: how often to look for selected tables not yet in the "
+                 "publication (new topics)")
+      ->envname("OUTBOX_WATERMILL_DISCOVER_INTERVAL_S")
+      ->capture_default_str();
+  app.add_option("--watermill-join-lock-timeout-ms", c.watermill_join_lock_timeout_ms,
+                 "watermill mode: a table joining the publication is locked against inserts "
+                 "for at most this long (then the join is retried later)")
+      ->envname("OUTBOX_WATERMILL_JOIN_LOCK_TIMEOUT_MS")
+      ->capture_default_str();
+}
+
+void AddWatermillTableFlags(CLI::App& app, WatermillFlags& f) {
+  app.add_option("--table-mode", f.table_mode,
+                 "seed: the house outbox table (--table, --topic-template, --key-field, "
+                 "offset_acked); watermill: watermill-sql's own tables (--watermill-*), topic "
+                 "from each table, progress in watermill_offsets_<topic>")
+      ->envname("OUTBOX_TABLE_MODE")
+      ->check(CLI::IsMember({"seed", "watermill"}))
+      ->capture_default_str();
+  app.add_option("--watermill-tables", f.tables,
+                 "watermill mode: tables written by watermill-sql publishers, comma-separated "
+                 "(\"watermill_<topic>\"; quote names with upper case or dots: "
+                 "public.\"watermill_orders.v1\")")
+      ->envname("OUTBOX_WATERMILL_TABLES");
+  app.add_option("--watermill-forwarder-tables", f.forwarder_tables,
+                 "watermill mode: tables written through Watermill's forwarder publisher "
+                 "(envelopes; default name watermill_forwarder_topic), comma-separated: each "
+                 "row's topic, UUID, metadata and payload come from its envelope")
+      ->envname("OUTBOX_WATERMILL_FORWARDER_TABLES");
+  app.add_option("--watermill-table-pattern", f.pattern,
+                 "watermill mode: also every table whose name matches this pattern ('*' for any "
+                 "text, e.g. public.watermill_*) and has watermill-sql's columns; new ones join "
+                 "the publication as they appear")
+      ->envname("OUTBOX_WATERMILL_TABLE_PATTERN");
+  app.add_option("--watermill-topic-map", f.topic_map,
+                 "watermill mode: table=topic,... for tables whose topic their name does not "
+                 "tell (a name the application chose, or one PostgreSQL cut at 63 bytes)")
+      ->envname("OUTBOX_WATERMILL_TOPIC_MAP");
+  app.add_option("--watermill-offsets-table-map", f.offsets_map,
+                 "watermill mode: table=offsets_table,... where the offsets table is not "
+                 "watermill_offsets_<topic> in the table's schema")
+      ->envname("OUTBOX_WATERMILL_OFFSETS_TABLE_MAP");
+}
+
+Status ParseWatermillFlags(const WatermillFlags& f, bool* watermill,
+                           pipeline::WatermillSettings* settings) {
+  if (f.table_mode != "seed" && f.table_mode != "watermill") {
+    return Bad("--table-mode", "OUTBOX_TABLE_MODE",
+               fmt::format("'{}': seed or watermill", f.table_mode));
+  }
+  *watermill = f.table_mode == "watermill";
+  pipeline::WatermillSettings& w = *settings;
+  w = pipeline::WatermillSettings{};
+  if (!*watermill) return Ok();
+  struct List {
+    const char* flag;
+    const char* env;
+    const std::string* text;
+    std::vector<pg::QualifiedName>* out;
+  };
+  for (const List& list :
+       {List{"--watermill-tables", "OUTBOX_WATERMILL_TABLES", &f.tables, &w.tables},
+        List{"--watermill-forwarder-tables", "OUTBOX_WATERMILL_FORWARDER_TABLES",
+             &f.forwarder_tables, &w.forwarder_tables}}) {
+    for (const std::string& item : SplitCommas(*list.text)) {
+      auto name = pg::QualifiedName::Parse(item);
+      if (!name) return Bad(list.flag, list.env, name.error().message);
+      list.out->push_back(*name);
+    }
+  }
+  if (!f.pattern.empty()) {
+    auto pattern = pg::QualifiedName::Parse(f.pattern);
+    if (!pattern) {
+      return Bad("--watermill-table-pattern", "OUTBOX_WATERMILL_TABLE_PATTERN",
+                 pattern.error().message);
+    }
+    w.pattern = *pattern;
+  }
+  if (w.tables.empty() && w.forwarder_tables.empty() && !w.pattern) {
+    return Bad("--watermill-tables", "OUTBOX_WATERMILL_TABLES",
+               "--table-mode=watermill needs tables: --watermill-tables, "
+               "--watermill-forwarder-tables or --watermill-table-pattern");
+  }
+  struct Map {
+    const char* flag;
+    const char* env;
+    const std::string* text;
+    bool offsets;
+  };
+  for (const Map& map :
+       {Map{"--watermill-topic-map", "OUTBOX_WATERMILL_TOPIC_MAP", &f.topic_map, false},
+        Map{"--watermill-offsets-table-map", "OUTBOX_WATERMILL_OFFSETS_TABLE_MAP", &f.offsets_map,
+            true}}) {
+    for (const std::string& item : SplitCommas(*map.text)) {
+      size_t eq = item.rfind('=');
+      if (eq == std::string::npos || eq == 0 || eq + 1 == item.size()) {
+        return Bad(map.flag, map.env, fmt::format("'{}' is not table=value", item));
+      }
+      auto table = pg::QualifiedName::Parse(item.substr(0, eq));
+      if (!table) return Bad(map.flag, map.env, table.error().message);
+      std::string value = item.substr(eq + 1);
+      if (map.offsets) {
+        auto offsets = pg::QualifiedName::Parse(value);
+        if (!offsets) return Bad(map.flag, map.env, offsets.error().message);
+        w.offsets[table->ToString()] = *offsets;
+      } else {
+        w.topics[table->ToString()] = value;
+      }
+    }
+  }
+  w.consumer_group = f.consumer_group;
+  return Ok();
 }
 
 std::vector<std::string> SplitPropertyList(std::string_view text) {
@@ -200,8 +357,18 @@ std::vector<std::string> SplitPropertyList(std::string_view text) {
 
 namespace {
 
-std::unexpected<Error> Bad(std::string_view flag, std::string_view env, std::string_view why) {
-  return Fail(ErrorCode::kInvalidArgument, "invalid setting {} ({}): {}", flag, env, why);
+// --table-mode=watermill: the table lists, pattern and maps, parsed.
+Status ValidateWatermill(RelayConfig& c) {
+  if (c.watermill_discover_interval_s < 1) {
+    return Bad("--watermill-discover-interval-s", "OUTBOX_WATERMILL_DISCOVER_INTERVAL_S",
+               "must be >= 1");
+  }
+  if (c.watermill_join_lock_timeout_ms < 10) {
+    return Bad("--watermill-join-lock-timeout-ms", "OUTBOX_WATERMILL_JOIN_LOCK_TIMEOUT_MS",
+               "must be >= 10");
+  }
+  c.watermill_flags.consumer_group = c.watermill_consumer_group;
+  return ParseWatermillFlags(c.watermill_flags, &c.watermill, &c.watermill_settings);
 }
 
 }  // namespace
@@ -285,6 +452,14 @@ Status Validate(RelayConfig& c) {
   if (c.row_count_interval_s < 1) {
     return Bad("--row-count-interval-s", "OUTBOX_ROW_COUNT_INTERVAL_S", "must be >= 1");
   }
+  if (c.uuid_in_metadata_flag != "watermill" && c.uuid_in_metadata_flag != "drop") {
+    return Bad("--uuid-in-metadata", "OUTBOX_UUID_IN_METADATA",
+               fmt::format("'{}': watermill or drop", c.uuid_in_metadata_flag));
+  }
+  c.mapper.uuid_in_metadata = c.uuid_in_metadata_flag == "drop"
+                                  ? outbox::UuidInMetadata::kDrop
+                                  : outbox::UuidInMetadata::kWatermill;
+  if (auto st = ValidateWatermill(c); !st) return st;
   // Properties: flags first, then the environment list.
   std::vector<std::string> props = c.kafka_properties;
   if (const char* env = std::getenv("OUTBOX_KAFKA_PROPERTIES")) {

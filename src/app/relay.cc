@@ -13,6 +13,7 @@
 #include "outbox_relay/pg/publication.h"
 #include "outbox_relay/pg/relay_schema.h"
 #include "outbox_relay/pg/replication.h"
+#include "outbox_relay/pipeline/tables.h"
 
 namespace outbox_relay::app {
 
@@ -77,14 +78,9 @@ Relay::Relay(RelayConfig config)
 
 Relay::~Relay() = default;
 
-Status Relay::Prepare() {
-  auto conn = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kNormal);
-  if (!conn) return std::unexpected(conn.error());
-  spdlog::info("connected to PostgreSQL {} as {}", conn->server_version(), conn->user());
-  if (auto st = ValidateFailoverSlot(config_, *conn); !st) return st;
-
+Status Relay::PrepareSeedTable(pg::Connection& conn) {
   // Fail fast on a table that cannot work, before touching slots.
-  auto table = pg::QueryTable(*conn, config_.table_name);
+  auto table = pg::QueryTable(conn, config_.table_name);
   if (!table) return std::unexpected(table.error());
   if (!table->exists) {
     return Fail(ErrorCode::kInvalidArgument,
@@ -99,7 +95,7 @@ Status Relay::Prepare() {
                 config_.table_name.ToString(), table->relkind);
   }
   std::optional<std::string> params[] = {config_.table_name.Quoted()};
-  auto cols = conn->ExecParams(
+  auto cols = conn.ExecParams(
       "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND "
       "NOT attisdropped",
       params);
@@ -125,11 +121,25 @@ Status Relay::Prepare() {
                 config_.table_name.ToString(), config_.created_at_column);
   }
 
+  return Ok();
+}
+
+Status Relay::Prepare() {
+  auto conn = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kNormal);
+  if (!conn) return std::unexpected(conn.error());
+  spdlog::info("connected to PostgreSQL {} as {}", conn->server_version(), conn->user());
+  if (auto st = ValidateFailoverSlot(config_, *conn); !st) return st;
+
+  if (!config_.watermill) {
+    if (auto st = PrepareSeedTable(*conn); !st) return st;
+  }
   if (auto st = pg::EnsureRelaySchema(*conn); !st) return st;
-  if (auto st = pg::EnsurePublication(*conn, config_.publication, config_.table_name,
-                                      NeededColumns(config_.columns));
-      !st) {
-    return st;
+  if (!config_.watermill) {
+    if (auto st = pg::EnsurePublication(*conn, config_.publication, config_.table_name,
+                                        NeededColumns(config_.columns));
+        !st) {
+      return st;
+    }
   }
 
   // Test-only faults, so the fault tests can show what they would catch.
@@ -149,6 +159,10 @@ Status Relay::Prepare() {
   po.table = config_.table_name.ToString();
   po.mapper = config_.mapper;
   po.columns = config_.columns;
+  if (config_.watermill) {
+    po.table = "(watermill tables)";
+    po.columns = pipeline::WatermillColumnNames();
+  }
   po.on_poison = config_.on_poison;
   po.dlq_topic = config_.dlq_topic;
   po.dlq_max_bytes = DeadLetterMaxBytes(config_);
@@ -185,6 +199,27 @@ Status Relay::Prepare() {
   }
   publisher_->AttachSink(std::move(*sink));
 
+  if (config_.watermill) {
+    if (config_.mark) {
+      watermill_progress_ = std::make_unique<marker::WatermillProgress>(
+          std::vector<marker::WatermillProgressTable>{}, config_.watermill_settings.consumer_group,
+          tracker_.get());
+    }
+    pipeline::WatermillOptions wo;
+    wo.database_url = config_.database_url;
+    wo.publication = config_.publication;
+    wo.slot = config_.slot;
+    wo.mark = config_.mark;
+    wo.backfill_batch = config_.backfill_batch;
+    wo.max_in_flight = config_.max_in_flight;
+    wo.join_lock_timeout = milliseconds(config_.watermill_join_lock_timeout_ms);
+    wo.discover_interval = std::chrono::seconds(config_.watermill_discover_interval_s);
+    watermill_ = std::make_unique<pipeline::WatermillTables>(
+        config_.watermill_settings, wo, publisher_.get(), tracker_.get(), &stats_, &*stop_,
+        watermill_progress_.get());
+    if (auto st = watermill_->Prepare(*conn); !st) return st;
+  }
+
   if (config_.mark) {
     marker::MarkerOptions mo;
     mo.database_url = config_.database_url;
@@ -193,6 +228,10 @@ Status Relay::Prepare() {
     mo.offset_column = config_.columns.offset;
     mo.acked_column = config_.acked_column;
     mo.slot_name = config_.slot;
+    if (config_.watermill) {
+      mo.acked_column.clear();  // no per-row column: the offsets tables instead
+      mo.progress = watermill_progress_.get();
+    }
     mo.batch_max = static_cast<size_t>(config_.marker_batch);
     marker_ = std::make_unique<marker::Marker>(mo, tracker_.get(), [this](const Error&) {
       metrics_.CountError(metrics::ErrorReason::kDbAck);
@@ -213,6 +252,11 @@ Status Relay::Prepare() {
   so.backfill_batch = config_.backfill_batch;
   so.max_in_flight = config_.max_in_flight;
   so.failover_slot = config_.failover_slot;
+  if (watermill_) {
+    so.backfill_rows = [this](pg::Connection& c, const std::string& snapshot) {
+      return watermill_->Backfill(c, snapshot);
+    };
+  }
   slot_setup_ =
       std::make_unique<pipeline::SlotSetup>(so, publisher_.get(), tracker_.get(), &stats_, &*stop_);
   return Ok();
@@ -239,7 +283,9 @@ int Relay::Run(const std::atomic<bool>& stop) {
     milliseconds wait = Backoff(attempt);
     spdlog::warn("setup: {} (retrying in {} ms)", st.error().message, wait.count());
     slot_setup_.reset();
+    watermill_.reset();
     marker_.reset();
+    watermill_progress_.reset();
     publisher_.reset();
     SleepUnlessStopped(wait, stop, stats_);
   }
@@ -273,6 +319,32 @@ int Relay::Run(const std::atomic<bool>& stop) {
       slot_setup_->Recovered();
     }
 
+    if (watermill_) {
+      // Tables that joined meanwhile, their catch-ups, the group's positions.
+      auto st = watermill_->BeforeStream();
+      if (st && stop.load()) return Shutdown(nullptr, false);
+      if (!st) {
+        if (DispositionOf(st.error()) != Disposition::kRetry) {
+          spdlog::error("{}", st.error().message);
+          Shutdown(nullptr, true);
+          return ExitCodeOf(st.error());
+        }
+        if (st.error().code == ErrorCode::kSlotInUse) {
+          if (!stats_.standby.exchange(true)) {
+            spdlog::info("standby: {}; waiting to take over", st.error().message);
+          }
+          SleepUnlessStopped(milliseconds(2000), stop, stats_);
+        } else {
+          milliseconds wait = Backoff(attempt++);
+          spdlog::warn("watermill tables: {} (retrying in {} ms)", st.error().message,
+                       wait.count());
+          SleepUnlessStopped(wait, stop, stats_);
+        }
+        continue;
+      }
+      watermill_->StartDiscovery();
+    }
+
     std::optional<pipeline::PgSource> source;
     std::optional<pipeline::StreamSession> session;
     Status st = Stream(&session, &source);
@@ -282,6 +354,14 @@ int Relay::Run(const std::atomic<bool>& stop) {
     if (err.code == ErrorCode::kCancelled) {
       spdlog::info("{}", err.message);
       return Shutdown(live, false);
+    }
+    if (watermill_ && err.code == ErrorCode::kTransient && watermill_->end_requested()->load()) {
+      // Asked for: tables join the publication before the next session.
+      spdlog::info("stream ended to let watermill tables join ({})", err.message);
+      session.reset();
+      source.reset();
+      Drain(milliseconds(5000));
+      continue;
     }
     if (err.code == ErrorCode::kSlotLost &&
         config_.on_slot_lost == pipeline::OnSlotLost::kReconcile) {
@@ -353,6 +433,17 @@ Status Relay::Stream(std::optional<pipeline::StreamSession>* session,
   pipeline::SessionOptions so;
   so.table = config_.table_name;
   so.columns = config_.columns;
+  if (watermill_) {
+    so.tables = watermill_->tables();
+    so.processed = watermill_->positions();
+    so.end_requested = watermill_->end_requested();
+    so.selects = [this](std::string_view schema, std::string_view name) {
+      if (!config_.watermill_settings.Selects(schema, name)) return false;
+      watermill_->RequestEnd();
+      return true;
+    };
+    if (watermill_progress_) watermill_progress_->SetStreaming(true);
+  }
   so.status_interval = milliseconds(config_.status_interval_ms);
   so.stop_grace = StopGrace(config_);
   session->emplace(so, &**source, publisher_.get(), tracker_.get(), &stats_, &*stop_,
@@ -446,6 +537,7 @@ int Relay::Shutdown(pipeline::StreamSession* session, bool failed) {
       }
     }
   }
+  if (watermill_) watermill_->StopDiscovery();
   if (marker_) marker_->Stop(remaining());
   if (session != nullptr) {
     // The final word: everything confirmed, so the next start sends nothing twice.

@@ -28,16 +28,25 @@ std::string Marker::MarkSql(const MarkerOptions& o) {
   // a synchronous standby. An UPDATE in that window matches nothing. So only
   // the transactions visible in this statement's snapshot are marked and
   // indexed; the others come back in the last column and are retried.
+  // No acked column (watermill-sql's tables): the commit index only.
+  const std::string marked = o.acked_column.empty()
+                                 ? std::string("SELECT 1 WHERE false")
+                                 : fmt::format(
+                                       "UPDATE {table} o SET {acked} = o.{offset} FROM runs r"
+                                       " WHERE o.{xid} = r.x AND o.{offset} BETWEEN r.first AND "
+                                       "r.last AND o.{acked} IS NULL"
+                                       " AND r.x IN (SELECT x FROM visible) RETURNING 1",
+                                       fmt::arg("table", o.table.Quoted()),
+                                       fmt::arg("acked", pg::QuoteIdent(o.acked_column)),
+                                       fmt::arg("offset", pg::QuoteIdent(o.offset_column)),
+                                       fmt::arg("xid", pg::QuoteIdent(o.transaction_id_column)));
   return fmt::format(
       "WITH runs AS (SELECT * FROM unnest($1::xid8[], $2::bigint[], $3::bigint[])"
       " AS r(x, first, last)"
       "), batch AS (SELECT DISTINCT x FROM runs"
       "), visible AS ("
       " SELECT x FROM batch WHERE pg_visible_in_snapshot(x, pg_current_snapshot())"
-      "), marked AS ("
-      " UPDATE {table} o SET {acked} = o.{offset} FROM runs r"
-      " WHERE o.{xid} = r.x AND o.{offset} BETWEEN r.first AND r.last AND o.{acked} IS NULL"
-      " AND r.x IN (SELECT x FROM visible) RETURNING 1"
+      "), marked AS ({marked}"
       "), indexed AS ("
       " INSERT INTO outbox_relay.commits"
       " (slot_name, commit_lsn, end_lsn, transaction_ids, commit_time, row_count)"
@@ -51,9 +60,7 @@ std::string Marker::MarkSql(const MarkerOptions& o) {
       " ON CONFLICT (slot_name, commit_lsn) DO NOTHING RETURNING 1"
       ") SELECT (SELECT count(*) FROM marked), (SELECT count(*) FROM indexed),"
       " ARRAY(SELECT x FROM batch EXCEPT SELECT x FROM visible)::text",
-      fmt::arg("table", o.table.Quoted()), fmt::arg("acked", pg::QuoteIdent(o.acked_column)),
-      fmt::arg("offset", pg::QuoteIdent(o.offset_column)),
-      fmt::arg("xid", pg::QuoteIdent(o.transaction_id_column)));
+      fmt::arg("marked", marked));
 }
 
 Status Marker::Connect() {
@@ -104,6 +111,12 @@ void Marker::Loop() {
     auto wait = batch.empty() ? std::chrono::milliseconds(50) : std::chrono::milliseconds(2);
     tracker_->TakeDelivered(&batch, std::max(options_.batch_max, batch.size()), wait);
     if (batch.empty()) {
+      if (options_.progress != nullptr && (conn_ || Connect())) {
+        if (auto st = options_.progress->Idle(*conn_); !st) {
+          spdlog::warn("marker: {}", st.error().message);
+          conn_.reset();
+        }
+      }
       if (stopping_.load()) return;
       continue;
     }
@@ -112,6 +125,7 @@ void Marker::Loop() {
       not_visible.clear();
       Status st = conn_ ? Ok() : Connect();
       if (st) st = MarkBatch(batch, &marked, &not_visible);
+      if (st && options_.progress != nullptr) st = options_.progress->AfterMark(*conn_);
       if (st) break;
       errors_.fetch_add(1);
       if (on_error_) on_error_(st.error());

@@ -3,7 +3,9 @@
 // Contract (record.h): the input is what Go's json.Marshal(map[string]string)
 // writes. Keys and values are fully unescaped; entries are sorted byte-wise
 // by key and unique (last duplicate wins); a JSON null value is "". SQL NULL
-// or a `null` document means no entries. Anything else is kPoison.
+// or a `null` document means no entries. Anything else is kPoison. Unpaired
+// surrogate escapes, which PostgreSQL's json type accepts and simdjson does
+// not, are rewritten to \ufffd in the padded copy first, as Go decodes them.
 //
 // Why simdjson's DOM API rather than On-Demand: DOM validates the whole
 // document (structure, UTF-8, escapes, trailing content) before we look at a
@@ -24,6 +26,7 @@
 #include <utility>
 
 #include "outbox_relay/outbox/record.h"
+#include "outbox_relay/outbox/watermill.h"
 #include "text.h"
 
 namespace outbox_relay::outbox {
@@ -144,6 +147,8 @@ Status Metadata::Parse(std::optional<std::string_view> json) {
     im.input_capacity = capacity;
   }
   if (!json->empty()) std::memcpy(im.input.get(), json->data(), json->size());
+  // Go decodes an unpaired surrogate escape as U+FFFD; simdjson rejects it.
+  ReplaceLoneSurrogateEscapes(im.input.get(), json->size());
 
   simdjson::dom::element root;
   if (auto err =

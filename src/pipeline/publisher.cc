@@ -64,6 +64,12 @@ Status Publisher::MapAndProduce(const outbox::ColumnMap& columns, const pgoutput
                                 tracking::Transaction* tx, KeepAlive* keep) {
   auto mapped = mapper_.Map(columns, row, tx->final_lsn);
   if (!mapped) return std::unexpected(mapped.error());
+  if (mapped->already_processed) {
+    // A Watermill table's row the consumer group had processed when the
+    // stream started (the polling forwarder published it): not again.
+    stats_->already_processed.fetch_add(1, std::memory_order_relaxed);
+    return Ok();
+  }
   Status st = mapped->poison ? DeadLetter(*mapped->poison, mapped->identity, columns, row, tx, keep)
                              : Produce(*mapped->record, tx, keep);
   if (!st && st.error().code == ErrorCode::kPoison && !mapped->poison) {
@@ -89,8 +95,8 @@ Status Publisher::DeadLetter(const Error& reason, const outbox::RowIdentity& ide
                 "the WAL, so it stops here again whatever is done to the row in the table: run "
                 "with OUTBOX_ON_POISON=dlq (--on-poison=dlq) to send it to the dead-letter topic "
                 "and go on, then republish a corrected row if it is needed.",
-                options_.table, identity.transaction_id, identity.offset, identity.uuid,
-                tx->final_lsn, reason.message);
+                columns.table.empty() ? options_.table : columns.table, identity.transaction_id,
+                identity.offset, identity.uuid, tx->final_lsn, reason.message);
   }
   auto text = [&](int index) -> std::optional<std::string_view> {
     if (index < 0 || static_cast<size_t>(index) >= row.values.size()) return std::nullopt;
@@ -99,8 +105,8 @@ Status Publisher::DeadLetter(const Error& reason, const outbox::RowIdentity& ide
     return v.text;
   };
   const outbox::KafkaRecord& record =
-      dead_letters_.Build(reason, identity, options_.table, tx->final_lsn, text(columns.payload),
-                          text(columns.metadata));
+      dead_letters_.Build(reason, identity, columns.table.empty() ? options_.table : columns.table,
+                          tx->final_lsn, text(columns.payload), text(columns.metadata));
   spdlog::warn("dead-lettering row transaction_id={} offset={} to {}: {}", identity.transaction_id,
                identity.offset, options_.dlq_topic, reason.message);
   stats_->dead_lettered.fetch_add(1, std::memory_order_relaxed);

@@ -182,7 +182,11 @@ Status SlotSetup::Run() {
   auto snapshot = pg::ReadState(*conn, options_.slot, kSnapshotKey);
   if (!snapshot) return std::unexpected(snapshot.error());
   if (snapshot->has_value()) {
-    if (auto st = Backfill(*conn, **snapshot); !st) return st;
+    if (auto st = options_.backfill_rows ? options_.backfill_rows(*conn, **snapshot)
+                                         : Backfill(*conn, **snapshot);
+        !st) {
+      return st;
+    }
     if (stop_->requested()) return Ok();  // resumes from the stored snapshot next time
     if (auto st = pg::DeleteState(*conn, options_.slot, kSnapshotKey); !st) return st;
   }

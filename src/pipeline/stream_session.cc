@@ -27,7 +27,11 @@ StreamSession::StreamSession(SessionOptions options, ReplicationSource* source,
       stats_(stats),
       stop_(stop),
       last_marker_error_ns_(last_marker_error_ns),
-      progress_(options_.status_interval) {}
+      progress_(options_.status_interval),
+      router_(options_.tables.empty()
+                  ? std::vector<OutboxTable>{OutboxTable{options_.table, outbox::TableKind::kSeed}}
+                  : options_.tables,
+              options_.columns, options_.processed, options_.selects) {}
 
 tracking::Transaction* StreamSession::TakeOpenTransaction() {
   return std::exchange(open_tx_, nullptr);
@@ -49,6 +53,10 @@ Status StreamSession::Run() {
                     "restart",
                     open_tx_->xid);
       }
+    }
+    if (options_.end_requested != nullptr && open_tx_ == nullptr &&
+        options_.end_requested->load()) {
+      return Fail(ErrorCode::kTransient, "the stream ends between transactions, as asked");
     }
     if (auto st = publisher_->DeadLetterRefused(this); !st) return st;
     stats_->kafka_reachable.store(publisher_->Reachable(), std::memory_order_relaxed);
@@ -130,9 +138,9 @@ Status StreamSession::HandleXLogData(std::string_view data) {
   if (auto* r = std::get_if<pgoutput::Relation>(&message_)) return HandleRelation(*r);
   if (auto* t = std::get_if<pgoutput::Truncate>(&message_)) {
     for (pgoutput::Oid id : t->relation_ids) {
-      if (id == outbox_relid_) {
+      if (const outbox::ColumnMap* columns = router_.Find(id)) {
         spdlog::warn("the outbox table {} was truncated: rows not yet published are gone",
-                     options_.table.ToString());
+                     columns->table);
       }
     }
     return Ok();
@@ -143,32 +151,7 @@ Status StreamSession::HandleXLogData(std::string_view data) {
 }
 
 Status StreamSession::HandleRelation(const pgoutput::Relation& relation) {
-  bool named_ours =
-      relation.nspname == options_.table.schema && relation.relname == options_.table.name;
-  if (outbox_relid_ != 0 && relation.relation_id == outbox_relid_ && !named_ours) {
-    // Renamed (or moved to another schema): the publication follows the
-    // table, but the marker and the backfill find it by the configured name.
-    // Going on with the old column positions would misread its rows.
-    return Fail(ErrorCode::kFatal,
-                "the outbox table {} is now {}.{} (renamed or moved while the relay ran): start "
-                "the relay with --table (OUTBOX_TABLE) naming it",
-                options_.table.ToString(), relation.nspname, relation.relname);
-  }
-  if (named_ours) {
-    // Sent before the first row and again after any schema change: columns
-    // are found by name each time.
-    auto map = outbox::ColumnMap::Resolve(relation, options_.columns);
-    if (!map) {
-      return Fail(ErrorCode::kFatal, "outbox table changed and can no longer be published: {}",
-                  map.error().message);
-    }
-    if (outbox_relid_ != 0 && columns_) {
-      spdlog::info("outbox table {} changed: {} columns", options_.table.ToString(),
-                   relation.columns.size());
-    }
-    columns_ = *map;
-    outbox_relid_ = relation.relation_id;
-  }
+  if (auto st = router_.OnRelation(relation); !st) return st;
   relations_.Put(relation);
   return Ok();
 }
@@ -177,7 +160,8 @@ Status StreamSession::HandleInsert(const pgoutput::Insert& insert) {
   if (open_tx_ == nullptr) {
     return Fail(ErrorCode::kProtocol, "pgoutput: Insert outside a transaction");
   }
-  if (insert.relation_id != outbox_relid_) {
+  const outbox::ColumnMap* columns = router_.Find(insert.relation_id);
+  if (columns == nullptr) {
     if (relations_.Find(insert.relation_id) == nullptr) {
       return Fail(ErrorCode::kProtocol, "pgoutput: Insert for relation {} never described",
                   insert.relation_id);
@@ -185,7 +169,7 @@ Status StreamSession::HandleInsert(const pgoutput::Insert& insert) {
     return Ok();  // another table in a shared publication
   }
   stats_->rows.fetch_add(1, std::memory_order_relaxed);
-  return publisher_->MapAndProduce(*columns_, insert.new_tuple, open_tx_, this);
+  return publisher_->MapAndProduce(*columns, insert.new_tuple, open_tx_, this);
 }
 
 Status StreamSession::SendStatus(bool force) {

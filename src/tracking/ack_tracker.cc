@@ -145,6 +145,9 @@ void AckTracker::RaiseConfirmed(Lsn position) {
 
 bool AckTracker::FollowServer(Lsn wal_end) {
   std::lock_guard lock(mu_);
+  // Between transactions: every commit before wal_end was received.
+  idle_wal_end_.store(std::max(idle_wal_end_.load(std::memory_order_relaxed), wal_end.value()),
+                      std::memory_order_relaxed);
   if (!in_flight_.empty() || failure_) return false;
   if (wal_end.value() <= confirmed_.load(std::memory_order_relaxed)) return false;
   confirmed_.store(wal_end.value(), std::memory_order_release);
@@ -169,6 +172,16 @@ void AckTracker::OnMarked(const std::vector<Transaction*>& txs) {
   }
   AdvanceLocked();
   progress_.notify_all();
+}
+
+Lsn AckTracker::DeliveredThrough() const {
+  std::lock_guard lock(mu_);
+  for (const auto& tx : in_flight_) {
+    if (!tx->delivered) return tx->final_lsn;
+  }
+  return Lsn(std::max({newest_end_.load(std::memory_order_relaxed),
+                       idle_wal_end_.load(std::memory_order_relaxed),
+                       confirmed_.load(std::memory_order_relaxed)}));
 }
 
 bool AckTracker::empty() const {

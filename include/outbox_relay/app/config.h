@@ -16,6 +16,7 @@
 #include "outbox_relay/pg/connection.h"
 #include "outbox_relay/pipeline/publisher.h"
 #include "outbox_relay/pipeline/slot_setup.h"
+#include "outbox_relay/pipeline/watermill.h"
 
 namespace CLI {
 class App;
@@ -32,6 +33,23 @@ struct LogConfig {
   std::string format = "text";  // text | json
   std::string level = "info";
 };
+
+// The flags that choose the tables (run, check, cleanup), as given.
+struct WatermillFlags {
+  std::string table_mode = "seed";  // seed | watermill
+  std::string tables;               // "a,b": direct tables
+  std::string forwarder_tables;     // "a,b": forwarder envelope tables
+  std::string pattern;              // "schema.watermill_*"
+  std::string topic_map;            // "table=topic,..."
+  std::string offsets_map;          // "table=offsets_table,..."
+  std::string consumer_group;
+};
+
+// Registers --table-mode and the --watermill-* table flags.
+void AddWatermillTableFlags(CLI::App& app, WatermillFlags& flags);
+// Parses them (kInvalidArgument naming the flag); `*watermill`: the mode.
+Status ParseWatermillFlags(const WatermillFlags& flags, bool* watermill,
+                           pipeline::WatermillSettings* settings);
 
 struct RelayConfig {
   std::string database_url;
@@ -65,12 +83,21 @@ struct RelayConfig {
   int64_t row_count_interval_s = 60;
   LogConfig log;
 
+  // --table-mode=watermill: watermill-sql's tables (pipeline/watermill.h).
+  WatermillFlags watermill_flags;
+  std::string watermill_consumer_group;  // the forwarder's ConsumerGroup ("" usually)
+  int64_t watermill_discover_interval_s = 10;
+  int64_t watermill_join_lock_timeout_ms = 2000;
+  std::string uuid_in_metadata_flag = "watermill";  // --uuid-in-metadata: watermill | drop
+
   // Filled by Validate():
   pg::QualifiedName table_name;
   SinkKind sink = SinkKind::kKafka;
   pipeline::OnPoison on_poison = pipeline::OnPoison::kDeadLetter;
   pipeline::OnSlotLost on_slot_lost = pipeline::OnSlotLost::kReconcile;
   std::vector<std::pair<std::string, std::string>> kafka_property_pairs;
+  bool watermill = false;  // table_mode == "watermill"
+  pipeline::WatermillSettings watermill_settings;
 };
 
 // Registers the flags of `run` on `app`, bound to `config`.

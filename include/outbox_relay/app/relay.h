@@ -29,6 +29,7 @@
 #include "outbox_relay/app/sampler.h"
 #include "outbox_relay/core/result.h"
 #include "outbox_relay/marker/marker.h"
+#include "outbox_relay/marker/watermill_progress.h"
 #include "outbox_relay/metrics/http_server.h"
 #include "outbox_relay/metrics/metrics.h"
 #include "outbox_relay/pipeline/publisher.h"
@@ -36,6 +37,7 @@
 #include "outbox_relay/pipeline/stats.h"
 #include "outbox_relay/pipeline/stop.h"
 #include "outbox_relay/pipeline/stream_session.h"
+#include "outbox_relay/pipeline/watermill.h"
 #include "outbox_relay/tracking/ack_tracker.h"
 
 namespace outbox_relay::app {
@@ -55,6 +57,8 @@ class Relay {
   // Table, relay schema, publication, sink, marker, publisher: everything
   // that can be checked before touching the slot.
   Status Prepare();
+  // --table-mode=seed: the table exists and has the columns.
+  Status PrepareSeedTable(pg::Connection& conn);
   // One replication connection, from START_REPLICATION to its end.
   Status Stream(std::optional<pipeline::StreamSession>* session,
                 std::optional<pipeline::PgSource>* source);
@@ -79,6 +83,10 @@ class Relay {
   std::unique_ptr<marker::Marker> marker_;
   std::unique_ptr<pipeline::Publisher> publisher_;
   std::unique_ptr<pipeline::SlotSetup> slot_setup_;
+  // --table-mode=watermill: the consumer group's positions (marker thread)
+  // and the tables, their backfill and their joining.
+  std::unique_ptr<marker::WatermillProgress> watermill_progress_;
+  std::unique_ptr<pipeline::WatermillTables> watermill_;
   bool need_slot_setup_ = true;
   uint32_t timeline_ = 0;                         // the timeline the last stream read (0: none yet)
   std::atomic<int64_t> last_marker_error_ns_{0};  // the marker thread writes; steady clock

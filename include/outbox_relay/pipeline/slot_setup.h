@@ -23,6 +23,7 @@
 // Thread: the loop thread; backfilled rows go through the Publisher.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "outbox_relay/core/result.h"
@@ -54,6 +55,9 @@ struct SlotSetupOptions {
   int64_t backfill_batch = 5000;  // rows per keyset query
   bool failover_slot = false;     // create (or alter) the slot with failover = true (17+)
   int64_t max_in_flight = 20000;
+  // When set, the backfill of the stored snapshot (watermill mode:
+  // WatermillTables::Backfill) instead of the seed table's.
+  std::function<Status(pg::Connection&, const std::string& snapshot)> backfill_rows;
 };
 
 class SlotSetup {

@@ -22,6 +22,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <optional>
 
 #include "outbox_relay/core/result.h"
@@ -33,6 +34,7 @@
 #include "outbox_relay/pipeline/source.h"
 #include "outbox_relay/pipeline/stats.h"
 #include "outbox_relay/pipeline/stop.h"
+#include "outbox_relay/pipeline/tables.h"
 #include "outbox_relay/tracking/ack_tracker.h"
 
 namespace outbox_relay::pipeline {
@@ -40,6 +42,14 @@ namespace outbox_relay::pipeline {
 struct SessionOptions {
   pg::QualifiedName table;  // the outbox table, as Relation messages name it
   outbox::ColumnNames columns;
+  // Watermill mode: the tables (when empty: `table`, of the seed's kind), and
+  // per table the consumer group's position when the stream started.
+  std::vector<OutboxTable> tables;
+  std::map<std::string, outbox::TablePosition> processed;
+  TableRouter::Selects selects;  // see TableRouter
+  // When set and true: end the session between transactions with kTransient
+  // (the supervisor lets new tables join the publication, then reconnects).
+  const std::atomic<bool>* end_requested = nullptr;
   std::chrono::milliseconds status_interval{1000};
   std::chrono::milliseconds stop_grace{12500};
 };
@@ -83,8 +93,7 @@ class StreamSession final : public KeepAlive {
   pgoutput::RelationCache relations_;
   pgoutput::DecodedMessage message_;
   pgoutput::DecodedMessage insert_message_;  // its own: tuple storage survives Begin/Commit
-  pgoutput::Oid outbox_relid_ = 0;
-  std::optional<outbox::ColumnMap> columns_;
+  TableRouter router_;
   tracking::Transaction* open_tx_ = nullptr;
   std::chrono::steady_clock::time_point last_progress_log_{};
 };

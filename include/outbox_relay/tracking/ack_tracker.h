@@ -134,6 +134,16 @@ class AckTracker {
 
   // --- anyone ---
   Lsn confirmed() const { return Lsn(confirmed_.load(std::memory_order_acquire)); }
+  // Every transaction whose commit ends at or before this position has been
+  // received from the stream and delivered (acknowledged by Kafka), marked or
+  // not: the first undelivered transaction's commit LSN, or, when all are
+  // delivered, the furthest position known to be received (a commit's end,
+  // an idle keepalive's WAL end, the confirmed position). Watermill's
+  // progress may cover a transaction id only once every transaction that
+  // finished before it was sampled is delivered (marker::WatermillProgress).
+  // Meaningless while a backfill runs (its transactions have no LSN: then
+  // it is 0 or the slot's start).
+  Lsn DeliveredThrough() const;
   bool empty() const;  // nothing in flight
   int64_t rows_in_flight() const { return rows_in_flight_.load(std::memory_order_relaxed); }
   size_t awaiting_mark() const;
@@ -164,7 +174,8 @@ class AckTracker {
   uint64_t next_seq_ = 0;
   const bool marking_;
   bool unsafe_confirm_newest_ = false;
-  std::atomic<uint64_t> newest_end_{0};  // end of the last committed transaction received
+  std::atomic<uint64_t> newest_end_{0};    // end of the last committed transaction received
+  std::atomic<uint64_t> idle_wal_end_{0};  // wal_end of the last keepalive between transactions
 };
 
 }  // namespace outbox_relay::tracking
