@@ -65,17 +65,42 @@ struct RelayConfig {
   int64_t row_count_interval_s = 60;
   LogConfig log;
 
+  // The replication connection's URL when it must differ from DATABASE_URL
+  // (e.g. DATABASE_URL goes through a pooler, which cannot replicate): the
+  // same database. "" = DATABASE_URL.
+  std::string replication_database_url;
+  // Timeouts: how a silent peer is found and replaced (docs/configuration.md,
+  // "Timeouts"; docs/runbook.md, "A silent network").
+  int64_t pg_connect_timeout_s = 10;
+  int64_t pg_tcp_user_timeout_ms = 30000;
+  int64_t pg_keepalives_idle_s = 15;
+  int64_t pg_keepalives_interval_s = 5;
+  int64_t pg_keepalives_count = 3;
+  int64_t pg_statement_timeout_ms = 30000;
+  int64_t pg_receive_timeout_ms = 30000;
+  int64_t kafka_delivery_timeout_ms = 0;  // off: see --kafka-delivery-timeout-ms
+  int64_t kafka_socket_timeout_ms = 30000;
+  int64_t kafka_connect_timeout_ms = 10000;
+
   // Filled by Validate():
   pg::QualifiedName table_name;
   SinkKind sink = SinkKind::kKafka;
   pipeline::OnPoison on_poison = pipeline::OnPoison::kDeadLetter;
   pipeline::OnSlotLost on_slot_lost = pipeline::OnSlotLost::kReconcile;
   std::vector<std::pair<std::string, std::string>> kafka_property_pairs;
+  pg::NetworkOptions pg_network;  // from the pg_* timeouts
+
+  // The replication connection's URL (replication_database_url or database_url).
+  const std::string& replication_url() const {
+    return replication_database_url.empty() ? database_url : replication_database_url;
+  }
 };
 
 // Registers the flags of `run` on `app`, bound to `config`.
 void AddRunFlags(CLI::App& app, RelayConfig& config);
 void AddLogFlags(CLI::App& app, LogConfig& config);
+// The timeouts and the replication URL (part of AddRunFlags).
+void AddNetworkFlags(CLI::App& app, RelayConfig& config);
 
 // Checks values that flags alone cannot (kInvalidArgument naming the setting).
 Status Validate(RelayConfig& config);

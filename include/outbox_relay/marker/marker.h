@@ -44,6 +44,9 @@ struct MarkerOptions {
   std::string acked_column = "offset_acked";
   std::string slot_name;
   size_t batch_max = 2000;  // transactions per statement
+  // Connect and statement timeouts: a black-holed connection fails its
+  // statement and is replaced (pg::NetworkOptions).
+  pg::NetworkOptions network;
 };
 
 struct MarkerStats {

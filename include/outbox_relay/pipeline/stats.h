@@ -22,8 +22,9 @@ struct RelayStats {
   std::atomic<uint64_t> delivered{0};      // records acknowledged
   std::atomic<uint64_t> dead_lettered{0};  // rows sent to the dead-letter topic
   std::atomic<uint64_t> reconnects{0};
-  std::atomic<uint64_t> slot_lost{0};   // slots found missing/invalidated and recreated
-  std::atomic<uint64_t> backfilled{0};  // rows published from a snapshot backfill
+  std::atomic<uint64_t> slot_lost{0};          // slots found missing/invalidated and recreated
+  std::atomic<uint64_t> backfilled{0};         // rows published from a snapshot backfill
+  std::atomic<uint64_t> pipeline_restarts{0};  // producer replaced after a delivery timeout
   std::atomic<uint64_t> keepalives{0};
   std::atomic<uint64_t> status_updates{0};
   std::atomic<int64_t> last_commit_unix_micros{0};
