@@ -317,6 +317,72 @@ Status ParseWatermillFlags(const WatermillFlags& f, bool* watermill,
   }
   w.consumer_group = f.consumer_group;
   return Ok();
+  AddNetworkFlags(app, c);
+}
+
+void AddNetworkFlags(CLI::App& app, RelayConfig& c) {
+  app.add_option("--replication-database-url", c.replication_database_url,
+                 "Connection string of the replication connection when it must differ from "
+                 "DATABASE_URL (the same database; e.g. DATABASE_URL goes through a pooler). "
+                 "Default: DATABASE_URL")
+      ->envname("OUTBOX_REPLICATION_DATABASE_URL");
+  app.add_option("--pg-connect-timeout-s", c.pg_connect_timeout_s,
+                 "libpq connect_timeout per host: a connection attempt to an address that "
+                 "answers nothing gives up after this (0: wait for the kernel). The connection "
+                 "string's own setting wins")
+      ->envname("OUTBOX_PG_CONNECT_TIMEOUT_S")
+      ->capture_default_str();
+  app.add_option("--pg-tcp-user-timeout-ms", c.pg_tcp_user_timeout_ms,
+                 "libpq tcp_user_timeout: a connection whose sent data stays unacknowledged this "
+                 "long is dropped by the kernel (0: the kernel's default, minutes). The "
+                 "connection string's own setting wins")
+      ->envname("OUTBOX_PG_TCP_USER_TIMEOUT_MS")
+      ->capture_default_str();
+  app.add_option("--pg-keepalives-idle-s", c.pg_keepalives_idle_s,
+                 "libpq keepalives_idle: TCP keepalive probes start after this much idle time "
+                 "(0: the kernel's default, 2 h). The connection string's own setting wins")
+      ->envname("OUTBOX_PG_KEEPALIVES_IDLE_S")
+      ->capture_default_str();
+  app.add_option("--pg-keepalives-interval-s", c.pg_keepalives_interval_s,
+                 "libpq keepalives_interval: seconds between unanswered keepalive probes")
+      ->envname("OUTBOX_PG_KEEPALIVES_INTERVAL_S")
+      ->capture_default_str();
+  app.add_option("--pg-keepalives-count", c.pg_keepalives_count,
+                 "libpq keepalives_count: unanswered probes before the connection is dead")
+      ->envname("OUTBOX_PG_KEEPALIVES_COUNT")
+      ->capture_default_str();
+  app.add_option("--pg-statement-timeout-ms", c.pg_statement_timeout_ms,
+                 "statement_timeout of the SQL connections (marker, setup, backfill; the "
+                 "metrics sampler's at least 2 min), and the client's deadline for an answer: "
+                 "this plus 5 s, after which the connection is replaced (0: none)")
+      ->envname("OUTBOX_PG_STATEMENT_TIMEOUT_MS")
+      ->capture_default_str();
+  app.add_option("--pg-receive-timeout-ms", c.pg_receive_timeout_ms,
+                 "The replication connection is taken for dead after this long without a byte "
+                 "from the server while the relay reads; at half of it the relay asks the "
+                 "server for a reply. Raised to wal_sender_timeout/2 + 5 s when that is longer "
+                 "(a walsender busy decoding answers only then). 0: never")
+      ->envname("OUTBOX_PG_RECEIVE_TIMEOUT_MS")
+      ->capture_default_str();
+  app.add_option("--kafka-delivery-timeout-ms", c.kafka_delivery_timeout_ms,
+                 "Records Kafka has not acknowledged this long after they were produced are "
+                 "given up: the producer is replaced and the transactions are sent again from "
+                 "the slot, never counted as delivered. 0 (the default): wait for ever; a "
+                 "silent broker is still left after --kafka-socket-timeout-ms and the request "
+                 "retried, so nothing stalls for good")
+      ->envname("OUTBOX_KAFKA_DELIVERY_TIMEOUT_MS")
+      ->capture_default_str();
+  app.add_option("--kafka-socket-timeout-ms", c.kafka_socket_timeout_ms,
+                 "librdkafka socket.timeout.ms: a request a broker does not answer within this "
+                 "is failed, the connection closed and the request retried (on the partition's "
+                 "leader at that time)")
+      ->envname("OUTBOX_KAFKA_SOCKET_TIMEOUT_MS")
+      ->capture_default_str();
+  app.add_option("--kafka-connect-timeout-ms", c.kafka_connect_timeout_ms,
+                 "librdkafka socket.connection.setup.timeout.ms: connecting to a broker (TCP, "
+                 "TLS, SASL, ApiVersion) gives up after this")
+      ->envname("OUTBOX_KAFKA_CONNECT_TIMEOUT_MS")
+      ->capture_default_str();
 }
 
 std::vector<std::string> SplitPropertyList(std::string_view text) {
@@ -369,6 +435,67 @@ Status ValidateWatermill(RelayConfig& c) {
   }
   c.watermill_flags.consumer_group = c.watermill_consumer_group;
   return ParseWatermillFlags(c.watermill_flags, &c.watermill, &c.watermill_settings);
+}
+
+// The timeouts: ranges libpq, the kernel and librdkafka accept, and a
+// delivery deadline that leaves librdkafka time to retry a request.
+Status ValidateNetwork(RelayConfig& c) {
+  struct Range {
+    const char* flag;
+    const char* env;
+    int64_t value;
+    int64_t min;  // when not 0
+    int64_t max;
+    bool zero_ok;
+  };
+  for (const Range& r : {
+           Range{"--pg-connect-timeout-s", "OUTBOX_PG_CONNECT_TIMEOUT_S", c.pg_connect_timeout_s, 2,
+                 3600, true},
+           Range{"--pg-tcp-user-timeout-ms", "OUTBOX_PG_TCP_USER_TIMEOUT_MS",
+                 c.pg_tcp_user_timeout_ms, 1000, 3600000, true},
+           Range{"--pg-keepalives-idle-s", "OUTBOX_PG_KEEPALIVES_IDLE_S", c.pg_keepalives_idle_s, 1,
+                 32767, true},
+           Range{"--pg-keepalives-interval-s", "OUTBOX_PG_KEEPALIVES_INTERVAL_S",
+                 c.pg_keepalives_interval_s, 1, 32767, true},
+           Range{"--pg-keepalives-count", "OUTBOX_PG_KEEPALIVES_COUNT", c.pg_keepalives_count, 1,
+                 127, true},
+           Range{"--pg-statement-timeout-ms", "OUTBOX_PG_STATEMENT_TIMEOUT_MS",
+                 c.pg_statement_timeout_ms, 100, 86400000, true},
+           Range{"--pg-receive-timeout-ms", "OUTBOX_PG_RECEIVE_TIMEOUT_MS", c.pg_receive_timeout_ms,
+                 1000, 3600000, true},
+           Range{"--kafka-delivery-timeout-ms", "OUTBOX_KAFKA_DELIVERY_TIMEOUT_MS",
+                 c.kafka_delivery_timeout_ms, 1000, 86400000, true},
+           Range{"--kafka-socket-timeout-ms", "OUTBOX_KAFKA_SOCKET_TIMEOUT_MS",
+                 c.kafka_socket_timeout_ms, 10, 300000, false},
+           Range{"--kafka-connect-timeout-ms", "OUTBOX_KAFKA_CONNECT_TIMEOUT_MS",
+                 c.kafka_connect_timeout_ms, 1000, 3600000, false},
+       }) {
+    if (r.value == 0 && r.zero_ok) continue;
+    if (r.value < r.min || r.value > r.max) {
+      return Bad(r.flag, r.env,
+                 fmt::format("{} is out of range: {}{}..{}", r.value, r.zero_ok ? "0 or " : "",
+                             r.min, r.max));
+    }
+  }
+  if (c.pg_receive_timeout_ms > 0 && c.pg_receive_timeout_ms < 2 * c.status_interval_ms) {
+    return Bad("--pg-receive-timeout-ms", "OUTBOX_PG_RECEIVE_TIMEOUT_MS",
+               fmt::format("{} ms is less than two status intervals (--status-interval-ms {}): "
+                           "a reply request needs one to go out and one to come back",
+                           c.pg_receive_timeout_ms, c.status_interval_ms));
+  }
+  if (c.kafka_delivery_timeout_ms > 0 && c.kafka_delivery_timeout_ms < c.kafka_socket_timeout_ms) {
+    return Bad("--kafka-delivery-timeout-ms", "OUTBOX_KAFKA_DELIVERY_TIMEOUT_MS",
+               fmt::format("{} ms is below --kafka-socket-timeout-ms ({} ms): a request to a "
+                           "silent broker could not even be retried once",
+                           c.kafka_delivery_timeout_ms, c.kafka_socket_timeout_ms));
+  }
+  c.pg_network.connect_timeout_s = static_cast<int>(c.pg_connect_timeout_s);
+  c.pg_network.tcp_user_timeout_ms = static_cast<int>(c.pg_tcp_user_timeout_ms);
+  c.pg_network.keepalives_idle_s = static_cast<int>(c.pg_keepalives_idle_s);
+  c.pg_network.keepalives_interval_s = static_cast<int>(c.pg_keepalives_interval_s);
+  c.pg_network.keepalives_count = static_cast<int>(c.pg_keepalives_count);
+  c.pg_network.statement_timeout = std::chrono::milliseconds(c.pg_statement_timeout_ms);
+  return Ok();
 }
 
 }  // namespace
@@ -460,6 +587,7 @@ Status Validate(RelayConfig& c) {
                                   ? outbox::UuidInMetadata::kDrop
                                   : outbox::UuidInMetadata::kWatermill;
   if (auto st = ValidateWatermill(c); !st) return st;
+  if (auto st = ValidateNetwork(c); !st) return st;
   // Properties: flags first, then the environment list.
   std::vector<std::string> props = c.kafka_properties;
   if (const char* env = std::getenv("OUTBOX_KAFKA_PROPERTIES")) {
@@ -485,7 +613,13 @@ Status Validate(RelayConfig& c) {
 kafka::ProducerOptions ProducerOptionsOf(const RelayConfig& c) {
   kafka::ProducerOptions opts;
   opts.brokers = c.kafka_brokers;
-  opts.properties = c.kafka_property_pairs;
+  // The timeout flags first: a --kafka-property of the same name wins.
+  opts.properties = {
+      {"socket.timeout.ms", std::to_string(c.kafka_socket_timeout_ms)},
+      {"socket.connection.setup.timeout.ms", std::to_string(c.kafka_connect_timeout_ms)},
+  };
+  opts.properties.insert(opts.properties.end(), c.kafka_property_pairs.begin(),
+                         c.kafka_property_pairs.end());
   opts.create_topics = c.create_topics;
   opts.topic_partitions = static_cast<int>(c.topic_partitions);
   opts.topic_replication_factor = static_cast<int>(c.topic_replication_factor);

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <optional>
 
 #include "outbox_relay/pg/connection.h"
@@ -98,8 +99,14 @@ void Sampler::Loop() {
       if (stop_) return;
     }
     if (!conn) {
+      // The row counts read the whole table: a longer statement timeout.
+      pg::NetworkOptions network = config_.pg_network;
+      if (network.statement_timeout.count() > 0) {
+        network.statement_timeout =
+            std::max<std::chrono::milliseconds>(network.statement_timeout, std::chrono::minutes(2));
+      }
       auto c = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kNormal,
-                                    "outbox-relay-metrics");
+                                    "outbox-relay-metrics", network);
       if (!c) {
         metrics_->CountError(metrics::ErrorReason::kDbRead);
         spdlog::debug("metrics sampler: {}", c.error().message);

@@ -66,13 +66,9 @@ std::string Marker::MarkSql(const MarkerOptions& o) {
 Status Marker::Connect() {
   conn_.reset();
   auto conn = pg::Connection::Open(options_.database_url, pg::Connection::Mode::kNormal,
-                                   "outbox-relay-marker");
+                                   "outbox-relay-marker", options_.network);
   if (!conn) return std::unexpected(conn.error());
-  std::string sql = MarkSql(options_);
-  pg::ResultHandle res(PQprepare(conn->get(), kStatementName, sql.c_str(), 9, nullptr));
-  if (!res || PQresultStatus(res.get()) != PGRES_COMMAND_OK) {
-    return std::unexpected(pg::ErrorFromResult(res.get(), conn->get(), "prepare marking"));
-  }
+  if (auto st = conn->Prepare(kStatementName, MarkSql(options_), 9); !st) return st;
   conn_.emplace(std::move(*conn));
   return Ok();
 }
@@ -204,11 +200,13 @@ Status Marker::MarkBatch(const std::vector<tracking::Transaction*>& batch,
   const char* values[9] = {run_xids_.c_str(),          run_firsts_.c_str(),  run_lasts_.c_str(),
                            options_.slot_name.c_str(), commit_lsns_.c_str(), end_lsns_.c_str(),
                            tx_xids_.c_str(),           times_.c_str(),       counts_.c_str()};
-  pg::ResultHandle res(
-      PQexecPrepared(conn_->get(), kStatementName, 9, values, nullptr, nullptr, 0));
-  if (!res || PQresultStatus(res.get()) != PGRES_TUPLES_OK) {
-    return std::unexpected(pg::ErrorFromResult(res.get(), conn_->get(), "mark delivered rows"));
+  auto marked_rows = conn_->ExecPrepared(kStatementName, values);
+  if (!marked_rows) {
+    Error e = marked_rows.error();
+    e.message = "mark delivered rows: " + e.message;
+    return std::unexpected(std::move(e));
   }
+  const pg::ResultHandle& res = *marked_rows;
   uint64_t rows = 0;
   if (auto v = pg::GetValue(res.get(), 0, 0)) rows = std::stoull(std::string(*v));
   // "{12,15}": the transaction ids not visible yet.

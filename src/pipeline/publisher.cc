@@ -196,6 +196,12 @@ void Publisher::OnDelivery(const kafka::Delivery& d) {
   tracker_->OnFailed(tx, d.error->message);
 }
 
+void Publisher::DropRefused() {
+  std::lock_guard lock(refused_mu_);
+  refused_.clear();
+  has_refused_.store(false, std::memory_order_relaxed);
+}
+
 Status Publisher::DeadLetterRefused(KeepAlive* keep) {
   if (!has_refused_.load(std::memory_order_acquire)) return Ok();
   std::vector<RefusedRecord> batch;

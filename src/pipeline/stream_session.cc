@@ -28,6 +28,7 @@ StreamSession::StreamSession(SessionOptions options, ReplicationSource* source,
       stop_(stop),
       last_marker_error_ns_(last_marker_error_ns),
       progress_(options_.status_interval),
+      liveness_(options_.receive_timeout, Clock::now()),
       router_(options_.tables.empty()
                   ? std::vector<OutboxTable>{OutboxTable{options_.table, outbox::TableKind::kSeed}}
                   : options_.tables,
@@ -63,6 +64,7 @@ Status StreamSession::Run() {
     if (auto st = SendStatus(false); !st) return st;
     LogProgress();
     if (publisher_->Backpressured()) {
+      liveness_.NotListening(Clock::now());
       tracker_->WaitForProgress(milliseconds(2));
       continue;
     }
@@ -70,8 +72,20 @@ Status StreamSession::Run() {
     if (!msg) return std::unexpected(msg.error());
     if (!*msg) {
       if (auto st = source_->Wait(milliseconds(100)); !st) return st;
+      auto now = Clock::now();
+      liveness_.SawBytes(source_->BytesReceived(), now);
+      if (auto silent = liveness_.Silent(now)) {
+        return Fail(ErrorCode::kTransient,
+                    "replication connection silent for {:.1f} s: nothing received, not even "
+                    "the reply requested {:.1f} s ago; taking it for dead (bound {} ms, "
+                    "--pg-receive-timeout-ms)",
+                    static_cast<double>(silent->count()) / 1000,
+                    static_cast<double>(silent->count() - liveness_.bound().count() / 2) / 1000,
+                    liveness_.bound().count());
+      }
       continue;
     }
+    liveness_.Heard(Clock::now());
     auto server_msg = walproto::DecodeServerMessage(**msg);
     if (!server_msg) return std::unexpected(server_msg.error());
     if (auto* k = std::get_if<walproto::PrimaryKeepalive>(&*server_msg)) {
@@ -172,11 +186,17 @@ Status StreamSession::HandleInsert(const pgoutput::Insert& insert) {
   return publisher_->MapAndProduce(*columns, insert.new_tuple, open_tx_, this);
 }
 
+Status StreamSession::Touch() {
+  liveness_.NotListening(Clock::now());  // a Publisher wait: the loop reads nothing
+  return SendStatus(false);
+}
+
 Status StreamSession::SendStatus(bool force) {
   auto now = Clock::now();
   Lsn flush = tracker_->confirmed();
-  auto update = progress_.Due(now, flush, force);
+  auto update = progress_.Due(now, flush, liveness_.ProbeDue(now) || force);
   if (!update) return Ok();
+  update->reply_requested = liveness_.WantReply(now);
   if (auto st = source_->SendStatus(*update); !st) return st;
   progress_.Sent(now, flush);
   stats_->status_updates.fetch_add(1, std::memory_order_relaxed);

@@ -89,6 +89,22 @@ struct RelayConfig {
   int64_t watermill_discover_interval_s = 10;
   int64_t watermill_join_lock_timeout_ms = 2000;
   std::string uuid_in_metadata_flag = "watermill";  // --uuid-in-metadata: watermill | drop
+  // The replication connection's URL when it must differ from DATABASE_URL
+  // (e.g. DATABASE_URL goes through a pooler, which cannot replicate): the
+  // same database. "" = DATABASE_URL.
+  std::string replication_database_url;
+  // Timeouts: how a silent peer is found and replaced (docs/configuration.md,
+  // "Timeouts"; docs/runbook.md, "A silent network").
+  int64_t pg_connect_timeout_s = 10;
+  int64_t pg_tcp_user_timeout_ms = 30000;
+  int64_t pg_keepalives_idle_s = 15;
+  int64_t pg_keepalives_interval_s = 5;
+  int64_t pg_keepalives_count = 3;
+  int64_t pg_statement_timeout_ms = 30000;
+  int64_t pg_receive_timeout_ms = 30000;
+  int64_t kafka_delivery_timeout_ms = 0;  // off: see --kafka-delivery-timeout-ms
+  int64_t kafka_socket_timeout_ms = 30000;
+  int64_t kafka_connect_timeout_ms = 10000;
 
   // Filled by Validate():
   pg::QualifiedName table_name;
@@ -98,11 +114,19 @@ struct RelayConfig {
   std::vector<std::pair<std::string, std::string>> kafka_property_pairs;
   bool watermill = false;  // table_mode == "watermill"
   pipeline::WatermillSettings watermill_settings;
+  pg::NetworkOptions pg_network;  // from the pg_* timeouts
+
+  // The replication connection's URL (replication_database_url or database_url).
+  const std::string& replication_url() const {
+    return replication_database_url.empty() ? database_url : replication_database_url;
+  }
 };
 
 // Registers the flags of `run` on `app`, bound to `config`.
 void AddRunFlags(CLI::App& app, RelayConfig& config);
 void AddLogFlags(CLI::App& app, LogConfig& config);
+// The timeouts and the replication URL (part of AddRunFlags).
+void AddNetworkFlags(CLI::App& app, RelayConfig& config);
 
 // Checks values that flags alone cannot (kInvalidArgument naming the setting).
 Status Validate(RelayConfig& config);

@@ -21,9 +21,11 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include "outbox_relay/app/config.h"
 #include "outbox_relay/app/sampler.h"
@@ -32,6 +34,7 @@
 #include "outbox_relay/marker/watermill_progress.h"
 #include "outbox_relay/metrics/http_server.h"
 #include "outbox_relay/metrics/metrics.h"
+#include "outbox_relay/pg/replication.h"
 #include "outbox_relay/pipeline/publisher.h"
 #include "outbox_relay/pipeline/slot_setup.h"
 #include "outbox_relay/pipeline/stats.h"
@@ -68,6 +71,21 @@ class Relay {
   Status FollowPromotion(pg::Connection& replication_conn);
   // Waits (bounded) for what is in flight, dead-lettering refused records.
   void Drain(std::chrono::milliseconds bound);
+  // A new sink (Kafka producer) for the publisher; waits up to 10 s for a
+  // first answer from the brokers.
+  Status AttachSink();
+  // After a retryable failure (records Kafka did not acknowledge in time):
+  // closes the sink, forgets everything in flight and attaches a new one, so
+  // the stream restarts at the confirmed position and the server sends it
+  // all again. Without a process restart; nothing of it was confirmed.
+  Status RestartPipeline();
+  // The delivery deadline (--kafka-delivery-timeout-ms), on its own thread:
+  // fails overdue transactions in the tracker, which ends the stream.
+  void StartWatchdog();
+  void StopWatchdog();
+  // Before START_REPLICATION: our previous walsender may still hold the slot
+  // when its connection died silently (the server has not noticed yet).
+  void TerminateStaleWalsender(pg::Connection& admin, const pg::SlotInfo& slot);
   int Shutdown(pipeline::StreamSession* session, bool failed);
   Status StartHttp();
   void RefreshMetrics();
@@ -90,6 +108,13 @@ class Relay {
   bool need_slot_setup_ = true;
   uint32_t timeline_ = 0;                         // the timeline the last stream read (0: none yet)
   std::atomic<int64_t> last_marker_error_ns_{0};  // the marker thread writes; steady clock
+  uint64_t fatal_after_ = 0;                      // test failpoint (OUTBOX_TEST_FAULT)
+  int last_walsender_pid_ = 0;                    // of our last replication connection
+
+  std::thread watchdog_;  // touches tracker_ only
+  std::mutex watchdog_mu_;
+  std::condition_variable watchdog_cv_;
+  bool watchdog_stop_ = false;
 
   std::mutex refresh_mu_;         // RefreshMetrics (HTTP threads)
   pipeline::RelayStats counted_;  // what RefreshMetrics already added to the counters

@@ -60,6 +60,9 @@ struct MarkerOptions {
   ProgressWriter* progress = nullptr;  // not owned; outlives the marker
   std::string slot_name;
   size_t batch_max = 2000;  // transactions per statement
+  // Connect and statement timeouts: a black-holed connection fails its
+  // statement and is replaced (pg::NetworkOptions).
+  pg::NetworkOptions network;
 };
 
 struct MarkerStats {

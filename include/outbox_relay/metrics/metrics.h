@@ -63,6 +63,7 @@ class Metrics {
   prometheus::Counter& reconnects() { return *reconnects_; }
   prometheus::Counter& slot_lost() { return *slot_lost_; }
   prometheus::Counter& backfilled() { return *backfilled_; }
+  prometheus::Counter& pipeline_restarts() { return *pipeline_restarts_; }
 
  private:
   std::string service_;
@@ -77,6 +78,7 @@ class Metrics {
   prometheus::Gauge *slot_retained_bytes_, *slot_confirmed_lsn_, *slot_active_, *in_flight_;
   prometheus::Gauge *heartbeat_, *standby_, *streaming_, *last_commit_time_;
   prometheus::Counter *transactions_, *reconnects_, *slot_lost_, *backfilled_;
+  prometheus::Counter* pipeline_restarts_;
 
   // (topic, event_type) -> counter / (topic, result) -> histogram.
   std::mutex mu_;

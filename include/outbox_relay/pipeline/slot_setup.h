@@ -45,6 +45,8 @@ enum class OnSlotLost {
 
 struct SlotSetupOptions {
   std::string database_url;
+  std::string replication_database_url;  // CREATE_REPLICATION_SLOT ("": database_url)
+  pg::NetworkOptions network;            // timeouts (no statement timeout on replication)
   std::string slot;
   pg::QualifiedName table;
   outbox::ColumnNames columns;

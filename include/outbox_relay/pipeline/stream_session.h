@@ -29,6 +29,7 @@
 #include "outbox_relay/outbox/record.h"
 #include "outbox_relay/pg/connection.h"
 #include "outbox_relay/pgoutput/decoder.h"
+#include "outbox_relay/pipeline/liveness.h"
 #include "outbox_relay/pipeline/progress.h"
 #include "outbox_relay/pipeline/publisher.h"
 #include "outbox_relay/pipeline/source.h"
@@ -52,6 +53,9 @@ struct SessionOptions {
   const std::atomic<bool>* end_requested = nullptr;
   std::chrono::milliseconds status_interval{1000};
   std::chrono::milliseconds stop_grace{12500};
+  // Silence bound (Liveness): a connection that sends nothing this long
+  // while the loop listens is taken for dead. 0: off.
+  std::chrono::milliseconds receive_timeout{0};
 };
 
 class StreamSession final : public KeepAlive {
@@ -71,7 +75,7 @@ class StreamSession final : public KeepAlive {
 
   // A status update now if `force`, else when one is due (Progress).
   Status SendStatus(bool force);
-  Status Touch() override { return SendStatus(false); }
+  Status Touch() override;
   ReplicationSource& source() { return *source_; }
   const Progress& progress() const { return progress_; }
 
@@ -90,6 +94,7 @@ class StreamSession final : public KeepAlive {
   const std::atomic<int64_t>* const last_marker_error_ns_;
 
   Progress progress_;
+  Liveness liveness_;
   pgoutput::RelationCache relations_;
   pgoutput::DecodedMessage message_;
   pgoutput::DecodedMessage insert_message_;  // its own: tuple storage survives Begin/Commit
