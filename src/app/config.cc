@@ -214,6 +214,7 @@ void AddRunFlags(CLI::App& app, RelayConfig& c) {
                  "for at most this long (then the join is retried later)")
       ->envname("OUTBOX_WATERMILL_JOIN_LOCK_TIMEOUT_MS")
       ->capture_default_str();
+  AddNetworkFlags(app, c);
 }
 
 void AddWatermillTableFlags(CLI::App& app, WatermillFlags& f) {
@@ -317,7 +318,6 @@ Status ParseWatermillFlags(const WatermillFlags& f, bool* watermill,
   }
   w.consumer_group = f.consumer_group;
   return Ok();
-  AddNetworkFlags(app, c);
 }
 
 void AddNetworkFlags(CLI::App& app, RelayConfig& c) {

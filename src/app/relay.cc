@@ -13,8 +13,8 @@
 #include "outbox_relay/pg/publication.h"
 #include "outbox_relay/pg/relay_schema.h"
 #include "outbox_relay/pg/replication.h"
-#include "outbox_relay/pipeline/tables.h"
 #include "outbox_relay/pipeline/liveness.h"
+#include "outbox_relay/pipeline/tables.h"
 
 namespace outbox_relay::app {
 
