@@ -27,6 +27,7 @@
 
 #include "outbox_relay/outbox/record.h"
 #include "outbox_relay/outbox/watermill.h"
+#include "json_type.h"
 #include "text.h"
 
 namespace outbox_relay::outbox {
@@ -40,27 +41,6 @@ inline bool KeyLess(std::string_view a, std::string_view b) {
     return static_cast<unsigned char>(a[0]) < static_cast<unsigned char>(b[0]);
   }
   return a < b;
-}
-
-std::string_view DescribeType(simdjson::dom::element_type type) {
-  using T = simdjson::dom::element_type;
-  switch (type) {
-    case T::ARRAY:
-      return "an array";
-    case T::OBJECT:
-      return "an object";
-    case T::INT64:
-    case T::UINT64:
-    case T::DOUBLE:
-      return "a number";
-    case T::STRING:
-      return "a string";
-    case T::BOOL:
-      return "a boolean";
-    case T::NULL_VALUE:
-      return "null";
-  }
-  return "an unknown JSON type";
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <array>
 #include <cstring>
 
+#include "json_type.h"
 #include "text.h"
 
 namespace outbox_relay::outbox {
@@ -76,27 +77,6 @@ bool FoldEquals(std::string_view key, std::string_view field) {
     }
   }
   return i == key.size();
-}
-
-std::string_view DescribeType(simdjson::dom::element_type type) {
-  using T = simdjson::dom::element_type;
-  switch (type) {
-    case T::ARRAY:
-      return "an array";
-    case T::OBJECT:
-      return "an object";
-    case T::INT64:
-    case T::UINT64:
-    case T::DOUBLE:
-      return "a number";
-    case T::STRING:
-      return "a string";
-    case T::BOOL:
-      return "a boolean";
-    case T::NULL_VALUE:
-      return "null";
-  }
-  return "an unknown JSON type";
 }
 
 }  // namespace
