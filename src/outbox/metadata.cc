@@ -25,9 +25,9 @@
 #include <memory>
 #include <utility>
 
+#include "json_type.h"
 #include "outbox_relay/outbox/record.h"
 #include "outbox_relay/outbox/watermill.h"
-#include "json_type.h"
 #include "text.h"
 
 namespace outbox_relay::outbox {
