@@ -51,6 +51,7 @@ Status StreamSession::Run() {
       }
     }
     if (auto st = publisher_->DeadLetterRefused(this); !st) return st;
+    if (auto st = publisher_->Tick(); !st) return st;  // exactly-once: commit when due
     stats_->kafka_reachable.store(publisher_->Reachable(), std::memory_order_relaxed);
     if (auto st = SendStatus(false); !st) return st;
     LogProgress();
@@ -120,6 +121,7 @@ Status StreamSession::HandleXLogData(std::string_view data) {
       return Fail(ErrorCode::kProtocol, "pgoutput: Commit at {} without Begin", c->commit_lsn);
     }
     stats_->transactions.fetch_add(1, std::memory_order_relaxed);
+    publisher_->NotePgCommit(open_tx_);
     stats_->last_commit_unix_micros.store(c->commit_time.ToUnixMicros(), std::memory_order_relaxed);
     tracker_->Commit(std::exchange(open_tx_, nullptr), c->end_lsn);  // may be gone after this
     return Ok();

@@ -24,6 +24,7 @@ struct RelayStats {
   std::atomic<uint64_t> reconnects{0};
   std::atomic<uint64_t> slot_lost{0};   // slots found missing/invalidated and recreated
   std::atomic<uint64_t> backfilled{0};  // rows published from a snapshot backfill
+  std::atomic<uint64_t> already_in_kafka{0};  // exactly-once: re-sent rows not produced again
   std::atomic<uint64_t> keepalives{0};
   std::atomic<uint64_t> status_updates{0};
   std::atomic<int64_t> last_commit_unix_micros{0};

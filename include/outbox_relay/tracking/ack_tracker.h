@@ -117,6 +117,13 @@ class AckTracker {
   void Commit(Transaction* tx, Lsn end_lsn);
   // The stream broke inside `tx`: its rows will be re-sent by the server.
   void Abandon(Transaction* tx);
+  // Exactly-once: `tx` also waits for the commit of a Kafka transaction that
+  // holds some of its rows (one hold per such Kafka transaction).
+  void Hold(Transaction* tx);
+  void ReleaseHold(Transaction* tx);
+  // That Kafka transaction was aborted: `tx` never confirms and is never
+  // marked (its rows are sent again); releases the hold.
+  void AbandonHeld(Transaction* tx);
   // Idle rule: if nothing is in flight, confirm up to the server's `wal_end`.
   // Returns true when the confirmed position moved.
   bool FollowServer(Lsn wal_end);
