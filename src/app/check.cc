@@ -13,6 +13,7 @@
 #include <map>
 #include <set>
 
+#include "outbox_relay/app/check_failover.h"
 #include "outbox_relay/app/commands.h"
 #include "outbox_relay/app/logging.h"
 #include "outbox_relay/app/slot_command.h"
@@ -152,33 +153,28 @@ class Checker {
       Publication();
     }
     Slot();
+    if (r_.failover_slot || !c_.standby_url.empty() || slot_.failover.value_or(false)) {
+      for (CheckResult& r : CheckFailover(*conn_, c_)) out_.push_back(std::move(r));
+    }
     RelaySchema();
     SampleTopics();
   }
 
   void Version(const std::string& text) {
-    if (version_num_ >= 150000) {
-      Ok("server version", fmt::format("PostgreSQL {}", text));
-    } else if (version_num_ >= 130000 && slot_.exists) {
+    // The relay's CI runs 14 to 18 (scripts/postgres/versions); xid8 and
+    // pg_visible_in_snapshot, which marking and backfill use, exist since 13.
+    if (version_num_ >= 140000 && version_num_ < 190000) {
+      Ok("server version", fmt::format("PostgreSQL {} (the relay is tested on 14 to 18)", text));
+    } else if (version_num_ >= 190000) {
       Warn("server version",
-           fmt::format("PostgreSQL {}: xid8 and pg_visible_in_snapshot exist (13+), and the slot "
-                       "exists, so run can stream; but the relay creates slots with the option "
-                       "syntax of CREATE_REPLICATION_SLOT that PostgreSQL 15 introduced, so "
-                       "recreating a lost slot (reconcile) fails, and it is tested on 15 only",
-                       text),
-           "upgrade to PostgreSQL 15 or newer");
-    } else if (version_num_ >= 130000) {
-      Failed("server version",
-             fmt::format("PostgreSQL {}: the relay creates its slot with the option syntax of "
-                         "CREATE_REPLICATION_SLOT (… (SNAPSHOT 'export')) that PostgreSQL 15 "
-                         "introduced; 13 and 14 reject it",
-                         text),
-             "upgrade to PostgreSQL 15 or newer");
+           fmt::format("PostgreSQL {}: newer than the relay is tested on (14 to 18)", text),
+           "run the relay's test suite against it (OUTBOX_PG_VERSION) before relying on it");
     } else {
-      Failed(
-          "server version",
-          fmt::format("PostgreSQL {}: xid8 and pg_visible_in_snapshot need 13, the relay 15", text),
-          "upgrade to PostgreSQL 15 or newer");
+      Failed("server version",
+             fmt::format("PostgreSQL {}: not supported; the relay is tested on 14 to 18 (xid8 "
+                         "and pg_visible_in_snapshot need 13)",
+                         text),
+             "upgrade to PostgreSQL 14 or newer");
     }
   }
 
@@ -557,10 +553,10 @@ class Checker {
     std::string retained =
         slot_.retained_bytes ? PrettyBytes(*slot_.retained_bytes) : std::string("unknown");
     if (slot_.wal_status == "lost") {
-      Failed(name,
-             fmt::format("invalidated (wal_status = lost): the WAL it needed is gone "
-                         "(max_slot_wal_keep_size); {}",
-                         recovery),
+      std::string why = slot_.invalidation_reason.value_or("").empty()
+                            ? "the WAL it needed is gone (max_slot_wal_keep_size)"
+                            : "invalidation_reason = " + *slot_.invalidation_reason;
+      Failed(name, fmt::format("invalidated (wal_status = lost): {}; {}", why, recovery),
              reconcile ? "nothing is lost: start run and it recovers; raise "
                          "max_slot_wal_keep_size to make this rarer"
                        : "run once with --on-slot-lost=reconcile, or `outbox-relay slot drop "
@@ -708,9 +704,11 @@ class Checker {
     const rd_kafka_metadata_t* md = nullptr;
     rd_kafka_resp_err_t err = rd_kafka_metadata(rk, 1, nullptr, &md, timeout);
     if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+      std::string refused = (*producer)->CredentialsError();
       Failed("kafka",
-             fmt::format("no broker of {} answered a metadata request within {} ms: {}",
-                         r_.kafka_brokers, timeout, rd_kafka_err2str(err)),
+             fmt::format("no broker of {} answered a metadata request within {} ms: {}{}",
+                         r_.kafka_brokers, timeout, rd_kafka_err2str(err),
+                         refused.empty() ? "" : "; the brokers refused the connection: " + refused),
              "check --kafka-brokers (KAFKA_BROKERS), the network, and the TLS/SASL properties "
              "(--kafka-property)");
       return;
@@ -862,6 +860,11 @@ void AddCheckFlags(CLI::App& app, CheckConfig& c) {
       ->envname("OUTBOX_CHECK_KAFKA_TIMEOUT_MS")
       ->type_name("INT")
       ->capture_default_str();
+  app.add_option("--standby-url", c.standby_url,
+                 "A physical standby of DATABASE_URL's server (connection string or URI): "
+                 "check that it keeps a synced copy of the failover slot (PostgreSQL 17+, "
+                 "--failover-slot)")
+      ->envname("OUTBOX_STANDBY_URL");
   app.add_option("--sample-rows", c.sample_rows,
                  "Newest rows whose event types' topics are checked (0: none)")
       ->envname("OUTBOX_CHECK_SAMPLE_ROWS")

@@ -161,6 +161,17 @@ void AddRunFlags(CLI::App& app, RelayConfig& c) {
                  "Rows per backfill query (a page of the keyset scan over the unacked rows)")
       ->envname("OUTBOX_BACKFILL_BATCH")
       ->capture_default_str();
+  app.add_option("--failover-slot", c.failover_slot,
+                 "Create the slot as a failover slot (PostgreSQL 17+, failover = true; an "
+                 "existing slot is altered), so that a physical standby keeps a synced copy and "
+                 "the relay resumes from it after a promotion, without a backfill. Needs on the "
+                 "primary synchronized_standby_slots = '<the standby's physical slot>'; on the "
+                 "standby sync_replication_slots = on, hot_standby_feedback = on, "
+                 "primary_slot_name and a dbname in primary_conninfo; and a DATABASE_URL naming "
+                 "both servers with target_session_attrs=read-write. `check --standby-url` "
+                 "verifies all of it. Older servers: refused at start")
+      ->envname("OUTBOX_FAILOVER_SLOT")
+      ->capture_default_str();
   app.add_option("--create-topics", c.create_topics, "Create missing Kafka topics")
       ->envname("OUTBOX_CREATE_TOPICS")
       ->capture_default_str();

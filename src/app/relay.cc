@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "outbox_relay/app/commands.h"
+#include "outbox_relay/app/failover.h"
 #include "outbox_relay/kafka/producer.h"
 #include "outbox_relay/pg/publication.h"
 #include "outbox_relay/pg/relay_schema.h"
@@ -80,6 +81,7 @@ Status Relay::Prepare() {
   auto conn = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kNormal);
   if (!conn) return std::unexpected(conn.error());
   spdlog::info("connected to PostgreSQL {} as {}", conn->server_version(), conn->user());
+  if (auto st = ValidateFailoverSlot(config_, *conn); !st) return st;
 
   // Fail fast on a table that cannot work, before touching slots.
   auto table = pg::QueryTable(*conn, config_.table_name);
@@ -166,6 +168,8 @@ Status Relay::Prepare() {
     Status reached = Fail(ErrorCode::kTransient, "no answer");
     for (int i = 0; i < 10 && !reached && !stop_->requested(); ++i) {
       reached = producer->CheckConnection(milliseconds(1000));
+      // Refused credentials or a certificate that does not verify: a setting.
+      if (!reached && reached.error().code == ErrorCode::kInvalidArgument) return reached;
     }
     if (!reached) {
       spdlog::warn("Kafka not reachable yet ({}); records wait in the producer until it is",
@@ -208,6 +212,7 @@ Status Relay::Prepare() {
   so.on_slot_lost = config_.on_slot_lost;
   so.backfill_batch = config_.backfill_batch;
   so.max_in_flight = config_.max_in_flight;
+  so.failover_slot = config_.failover_slot;
   slot_setup_ =
       std::make_unique<pipeline::SlotSetup>(so, publisher_.get(), tracker_.get(), &stats_, &*stop_);
   return Ok();
@@ -338,6 +343,7 @@ Status Relay::Stream(std::optional<pipeline::StreamSession>* session,
   }
   auto conn = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kReplication);
   if (!conn) return std::unexpected(conn.error());
+  if (auto st = FollowPromotion(*conn); !st) return st;
   auto stream = pg::ReplicationStream::Start(std::move(*conn), config_.slot, config_.publication,
                                              tracker_->confirmed());
   if (!stream) return std::unexpected(stream.error());

@@ -92,14 +92,22 @@ Result<SlotReport> QuerySlotReport(pg::Connection& conn, const std::string& slot
   }
   std::optional<std::string> params[] = {slot};
   {
+    // pg_replication_slots grows with the server version: ask only for what it has.
+    const int version = conn.server_version();
+    std::string newer = fmt::format(
+        "{}, {}", version >= 160000 ? "s.conflicting" : "NULL::bool",
+        version >= 170000 ? "coalesce(s.invalidation_reason, ''), "
+                            "coalesce(date_trunc('second', s.inactive_since)::text, ''), "
+                            "s.failover, s.synced"
+                          : "NULL::text, NULL::text, NULL::bool, NULL::bool");
     auto res = conn.ExecParams(
         "SELECT s.plugin, s.slot_type, s.database, s.active, s.active_pid, s.restart_lsn::text, "
         "s.confirmed_flush_lsn::text, (pg_current_wal_lsn() - s.restart_lsn)::bigint, "
         "(pg_current_wal_lsn() - s.confirmed_flush_lsn)::bigint, s.wal_status, s.safe_wal_size, "
         "(SELECT concat_ws(' ', nullif(a.application_name, ''), 'from ' || host(a.client_addr), "
         "'since ' || date_trunc('second', a.backend_start)::text) "
-        "FROM pg_stat_activity a WHERE a.pid = s.active_pid) "
-        "FROM pg_replication_slots s WHERE s.slot_name = $1",
+        "FROM pg_stat_activity a WHERE a.pid = s.active_pid), " +
+            newer + " FROM pg_replication_slots s WHERE s.slot_name = $1",
         params);
     if (!res) return std::unexpected(res.error());
     const PGresult* r = res->get();
@@ -117,6 +125,16 @@ Result<SlotReport> QuerySlotReport(pg::Connection& conn, const std::string& slot
       report.wal_status = Text(r, 0, 9).value_or("");
       report.safe_wal_size = Int(r, 0, 10);
       report.holder = Text(r, 0, 11).value_or("");
+      auto flag = [&](int col) -> std::optional<bool> {
+        auto v = Text(r, 0, col);
+        if (!v) return std::nullopt;
+        return *v == "t";
+      };
+      report.conflicting = flag(12);
+      report.invalidation_reason = Text(r, 0, 13);
+      report.inactive_since = Text(r, 0, 14);
+      report.failover = flag(15);
+      report.synced = flag(16);
     }
   }
   {
@@ -194,6 +212,15 @@ std::string FormatSlotReportText(const SlotReport& r) {
     line("wal_status", r.wal_status.empty() ? "-" : r.wal_status);
     line("safe_wal_size", r.safe_wal_size ? PrettyBytes(*r.safe_wal_size)
                                           : "unlimited (max_slot_wal_keep_size = -1)");
+    if (r.invalidation_reason) {
+      line("invalidation_reason", r.invalidation_reason->empty() ? "-" : *r.invalidation_reason);
+    }
+    if (r.conflicting) line("conflicting", *r.conflicting ? "yes" : "no");
+    if (r.inactive_since) {
+      line("inactive_since", r.inactive_since->empty() ? "-" : *r.inactive_since);
+    }
+    if (r.failover) line("failover", *r.failover ? "yes" : "no");
+    if (r.synced) line("synced", *r.synced ? "yes (from a primary)" : "no");
   }
   if (!r.relay_schema_access.empty()) {
     out += fmt::format("relay state: cannot read schema outbox_relay: {}\n", r.relay_schema_access);
@@ -243,6 +270,18 @@ std::string FormatSlotReportJson(const SlotReport& r) {
     field("unconfirmed_wal_bytes", OptionalJson(r.unconfirmed_bytes));
     field("wal_status", r.wal_status.empty() ? "null" : str(r.wal_status));
     field("safe_wal_size", OptionalJson(r.safe_wal_size));
+    auto flag = [](const std::optional<bool>& v) -> std::string {
+      return v ? (*v ? "true" : "false") : "null";
+    };
+    auto text = [&](const std::optional<std::string>& v) -> std::string {
+      return v && !v->empty() ? str(*v) : "null";
+    };
+    // null where the server has no such column, or where it says nothing.
+    field("conflicting", flag(r.conflicting));
+    field("invalidation_reason", text(r.invalidation_reason));
+    field("inactive_since", text(r.inactive_since));
+    field("failover", flag(r.failover));
+    field("synced", flag(r.synced));
   }
   field("relay_schema", r.relay_schema ? "true" : "false");
   if (!r.relay_schema_access.empty()) field("relay_schema_access", str(r.relay_schema_access));

@@ -405,6 +405,13 @@ Status KafkaProducer::CheckConnection(std::chrono::milliseconds timeout) {
   rd_kafka_resp_err_t err =
       rd_kafka_metadata(handle(), 0, nullptr, &md, static_cast<int>(timeout.count()));
   if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+    if (std::string refused = CredentialsError(); !refused.empty()) {
+      return Fail(ErrorCode::kInvalidArgument,
+                  "invalid setting --kafka-property (OUTBOX_KAFKA_PROPERTIES): the brokers "
+                  "refused the connection: {} (check security.protocol, sasl.mechanisms, "
+                  "sasl.username, sasl.password, ssl.ca.location)",
+                  refused);
+    }
     return Fail(ErrorCode::kTransient, "Kafka metadata request: {}", rd_kafka_err2str(err));
   }
   MetadataHandle owned(md);
@@ -506,8 +513,20 @@ void KafkaProducer::Report(Lane& lane, const rd_kafka_message_t* msg) {
   on_delivery_(d);
 }
 
+std::string KafkaProducer::CredentialsError() const {
+  std::lock_guard lock(credentials_mu_);
+  return credentials_error_;
+}
+
 void KafkaProducer::OnError(Lane& lane, rd_kafka_resp_err_t code, const char* reason) {
   if (code == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN) brokers_down_.store(true);
+  // Refused credentials and a certificate that does not verify: settings, not outages.
+  if (code == RD_KAFKA_RESP_ERR__AUTHENTICATION ||
+      (code == RD_KAFKA_RESP_ERR__SSL &&
+       std::string_view(reason).find("certificate verify failed") != std::string_view::npos)) {
+    std::lock_guard lock(credentials_mu_);
+    credentials_error_ = reason;
+  }
   if (on_error_) {
     on_error_(Error{code == RD_KAFKA_RESP_ERR__FATAL ? ErrorCode::kFatal : ErrorCode::kTransient,
                     fmt::format("{}: {}", rd_kafka_err2name(code), reason)});

@@ -48,6 +48,36 @@ Result<std::string> ParseIdentPart(std::string_view part, std::string_view whole
   return out;
 }
 
+// What to fix when a connection attempt fails for a reason retrying cannot
+// cure: TLS verification and authentication. Empty for everything else (a
+// refused connection, a server starting up, a broken TLS session are retried).
+std::string_view ConnectFailureSetting(std::string_view msg) {
+  if (msg.find("certificate verify failed") != std::string_view::npos ||
+      msg.find("root certificate file") != std::string_view::npos ||
+      msg.find("certificate present, but not private key") != std::string_view::npos) {
+    return "the server's certificate does not verify against the CA in sslrootcert (with "
+           "sslmode=verify-ca or verify-full): point sslrootcert at the CA that signed it";
+  }
+  if (msg.find("does not match host name") != std::string_view::npos) {
+    return "the host name is not in the server's certificate (sslmode=verify-full): connect by "
+           "a name the certificate lists, or fix the certificate";
+  }
+  if (msg.find("server does not support SSL") != std::string_view::npos ||
+      msg.find("SSL is not enabled on the server") != std::string_view::npos) {
+    return "sslmode requires TLS, but the server does not offer it";
+  }
+  if (msg.find("password authentication failed") != std::string_view::npos ||
+      msg.find("no password supplied") != std::string_view::npos ||
+      msg.find("SCRAM authentication") != std::string_view::npos) {
+    return "the server refused the credentials: check the user and password (in the URL, "
+           "PGPASSWORD or a passfile)";
+  }
+  if (msg.find("no pg_hba.conf entry") != std::string_view::npos) {
+    return "pg_hba.conf admits no such connection (host, user, database, TLS): add a line for it";
+  }
+  return {};
+}
+
 }  // namespace
 
 Result<QualifiedName> QualifiedName::Parse(std::string_view text) {
@@ -130,7 +160,10 @@ Error ErrorFromResult(const PGresult* res, PGconn* conn, std::string_view what) 
   } else if (state == "42704" && message.find("replication slot") != std::string::npos) {
     code = ErrorCode::kSlotLost;  // slot does not exist
   } else if (state == "55000" && (message.find("invalidated") != std::string::npos ||
-                                  message.find("can no longer get changes") != std::string::npos)) {
+                                  message.find("can no longer get changes") != std::string::npos ||
+                                  message.find("can no longer access") != std::string::npos)) {
+    // 14 to 17: "can no longer get changes from replication slot"; 18: "can
+    // no longer access replication slot" with the reason in the detail.
     code = ErrorCode::kSlotLost;
   } else if (sqlstate == nullptr) {
     code = ErrorCode::kTransient;  // no server error at all: the connection broke
@@ -166,6 +199,14 @@ Result<Connection> Connection::Open(std::string_view url, Mode mode,
         msg.find("invalid URI") != std::string::npos ||
         msg.find("missing \"=\"") != std::string::npos) {
       code = ErrorCode::kInvalidArgument;
+    }
+    std::string_view fix = code == ErrorCode::kTransient ? ConnectFailureSetting(msg) : "";
+    if (!fix.empty()) {
+      // Also a replication connection the server refuses while the normal
+      // one worked: the same URL, so the same setting.
+      return Fail(ErrorCode::kInvalidArgument,
+                  "invalid setting --database-url (DATABASE_URL): connect to PostgreSQL{}: {}: {}",
+                  mode == Mode::kReplication ? " (replication)" : "", msg, fix);
     }
     return Fail(code, "connect to PostgreSQL{}: {}",
                 mode == Mode::kReplication ? " (replication)" : "", msg);

@@ -20,11 +20,14 @@ Lsn ParseLsnOrZero(std::optional<std::string_view> text) {
 
 Result<SlotInfo> QuerySlot(Connection& conn, std::string_view slot) {
   std::optional<std::string> params[] = {std::string(slot)};
-  auto res = conn.ExecParams(
+  // Columns that only newer servers have come out as NULL before.
+  const bool v17 = conn.server_version() >= 170000;
+  std::string sql = fmt::format(
       "SELECT plugin, database, active, active_pid, restart_lsn, confirmed_flush_lsn, "
-      "wal_status, (pg_current_wal_lsn() - restart_lsn)::bigint "
+      "wal_status, (pg_current_wal_lsn() - restart_lsn)::bigint, {} "
       "FROM pg_replication_slots WHERE slot_name = $1",
-      params);
+      v17 ? "invalidation_reason, failover, synced" : "NULL::text, NULL::bool, false");
+  auto res = conn.ExecParams(sql, params);
   if (!res) return std::unexpected(res.error());
   SlotInfo info;
   PGresult* r = res->get();
@@ -46,13 +49,62 @@ Result<SlotInfo> QuerySlot(Connection& conn, std::string_view slot) {
     std::from_chars(bytes->data(), bytes->data() + bytes->size(), v);
     info.retained_bytes = v;
   }
+  info.invalidation_reason = GetValue(r, 0, 8).value_or("");
+  if (auto failover = GetValue(r, 0, 9)) info.failover = *failover == "t";
+  info.synced = GetValue(r, 0, 10).value_or("f") == "t";
   return info;
 }
 
+std::string DescribeInvalidation(const SlotInfo& slot) {
+  const std::string& reason = slot.invalidation_reason;
+  if (reason == "wal_removed" || (reason.empty() && slot.wal_status == "lost")) {
+    return "was invalidated (wal_status=lost; the WAL it needed is gone, see "
+           "max_slot_wal_keep_size)";
+  }
+  if (reason == "idle_timeout") {
+    return "was invalidated (invalidation_reason=idle_timeout: it stayed inactive longer than "
+           "idle_replication_slot_timeout)";
+  }
+  if (reason == "rows_removed") {
+    return "was invalidated (invalidation_reason=rows_removed: catalog rows it needed were "
+           "vacuumed away; on a standby, turn on hot_standby_feedback with a physical slot)";
+  }
+  if (reason == "wal_level_insufficient") {
+    return "was invalidated (invalidation_reason=wal_level_insufficient: wal_level was lowered "
+           "below logical)";
+  }
+  return fmt::format("was invalidated (wal_status={}{})", slot.wal_status,
+                     reason.empty() ? "" : ", invalidation_reason=" + reason);
+}
+
+Result<SystemIdentity> IdentifySystem(Connection& replication_conn) {
+  auto res = replication_conn.Exec("IDENTIFY_SYSTEM");
+  if (!res) return std::unexpected(res.error());
+  // Columns: systemid, timeline, xlogpos, dbname.
+  SystemIdentity out;
+  out.system_id = std::string(GetValue(res->get(), 0, 0).value_or(""));
+  std::string_view tli = GetValue(res->get(), 0, 1).value_or("0");
+  std::from_chars(tli.data(), tli.data() + tli.size(), out.timeline);
+  out.xlogpos = ParseLsnOrZero(GetValue(res->get(), 0, 2));
+  return out;
+}
+
 Result<CreatedSlot> CreateSlot(Connection& replication_conn, std::string_view slot,
-                               bool export_snapshot) {
-  std::string sql = fmt::format("CREATE_REPLICATION_SLOT {} LOGICAL pgoutput (SNAPSHOT '{}')",
-                                QuoteIdent(slot), export_snapshot ? "export" : "nothing");
+                               bool export_snapshot, bool failover) {
+  const int version = replication_conn.server_version();
+  if (failover && version < 170000) {
+    return Fail(ErrorCode::kInvalidArgument,
+                "a failover slot needs PostgreSQL 17 or newer (the server is {})", version);
+  }
+  std::string sql;
+  if (version >= 150000) {
+    sql = fmt::format("CREATE_REPLICATION_SLOT {} LOGICAL pgoutput (SNAPSHOT '{}'{})",
+                      QuoteIdent(slot), export_snapshot ? "export" : "nothing",
+                      failover ? ", FAILOVER true" : "");
+  } else {
+    sql = fmt::format("CREATE_REPLICATION_SLOT {} LOGICAL pgoutput {}", QuoteIdent(slot),
+                      export_snapshot ? "EXPORT_SNAPSHOT" : "NOEXPORT_SNAPSHOT");
+  }
   auto res = replication_conn.Exec(sql);
   if (!res) {
     Error e = res.error();
@@ -70,6 +122,18 @@ Result<CreatedSlot> CreateSlot(Connection& replication_conn, std::string_view sl
   out.consistent_point = ParseLsnOrZero(GetValue(res->get(), 0, 1));
   out.snapshot_name = std::string(GetValue(res->get(), 0, 2).value_or(""));
   return out;
+}
+
+Status AlterSlotFailover(Connection& replication_conn, std::string_view slot, bool failover) {
+  if (replication_conn.server_version() < 170000) {
+    return Fail(ErrorCode::kInvalidArgument,
+                "a failover slot needs PostgreSQL 17 or newer (the server is {})",
+                replication_conn.server_version());
+  }
+  auto res = replication_conn.Exec(fmt::format("ALTER_REPLICATION_SLOT {} (FAILOVER {})",
+                                               QuoteIdent(slot), failover ? "true" : "false"));
+  if (!res) return std::unexpected(res.error());
+  return Ok();
 }
 
 Result<ReplicationStream> ReplicationStream::Start(Connection conn, std::string_view slot,

@@ -26,6 +26,19 @@ SlotSetup::SlotSetup(SlotSetupOptions options, Publisher* publisher, tracking::A
       stats_(stats),
       stop_(stop) {}
 
+Status SlotSetup::EnsureFailover(const pg::SlotInfo& slot) {
+  // With --failover-slot, a slot made before the flag was set gets it now.
+  if (!options_.failover_slot || !slot.exists || slot.failover.value_or(true)) return Ok();
+  auto repl = pg::Connection::Open(options_.database_url, pg::Connection::Mode::kReplication);
+  if (!repl) return std::unexpected(repl.error());
+  if (auto st = pg::AlterSlotFailover(*repl, options_.slot, true); !st) return st;
+  spdlog::info(
+      "slot {}: failover = true (--failover-slot): standbys with sync_replication_slots = on "
+      "keep a copy",
+      options_.slot);
+  return Ok();
+}
+
 void SlotSetup::CountLoss() {
   if (!std::exchange(loss_counted_, true)) stats_->slot_lost.fetch_add(1);
 }
@@ -93,9 +106,7 @@ Status SlotSetup::Run() {
                 options_.slot, slot->plugin);
   }
   if (lost) {
-    std::string why = invalidated ? "was invalidated (wal_status=lost; the WAL it needed is gone, "
-                                    "see max_slot_wal_keep_size)"
-                                  : "is missing (dropped?)";
+    std::string why = invalidated ? pg::DescribeInvalidation(*slot) : "is missing (dropped?)";
     if (options_.on_slot_lost != OnSlotLost::kReconcile) {
       return Fail(ErrorCode::kSlotLost,
                   "replication slot {} {}. Rows committed while it was gone are not lost (they "
@@ -120,7 +131,8 @@ Status SlotSetup::Run() {
     if (backfill) {
       if (auto st = pg::WriteState(*conn, options_.slot, kCreatingKey, "creating"); !st) return st;
     }
-    auto created = pg::CreateSlot(*repl, options_.slot, /*export_snapshot=*/backfill);
+    auto created =
+        pg::CreateSlot(*repl, options_.slot, /*export_snapshot=*/backfill, options_.failover_slot);
     if (!created) {
       // Another instance may have won the race to create it: then it is the
       // active one and we are its standby.
@@ -160,6 +172,7 @@ Status SlotSetup::Run() {
     if (!slot) return std::unexpected(slot.error());
   }
 
+  if (auto st = EnsureFailover(*slot); !st) return st;
   if (!tracker_->ResetConfirmed(slot->confirmed_flush_lsn)) {
     return Fail(ErrorCode::kFatal, "internal: slot setup with rows still in flight");
   }

@@ -120,9 +120,12 @@ Status StreamSession::HandleXLogData(std::string_view data) {
     if (open_tx_ == nullptr) {
       return Fail(ErrorCode::kProtocol, "pgoutput: Commit at {} without Begin", c->commit_lsn);
     }
-    stats_->transactions.fetch_add(1, std::memory_order_relaxed);
     publisher_->NotePgCommit(open_tx_);
-    stats_->last_commit_unix_micros.store(c->commit_time.ToUnixMicros(), std::memory_order_relaxed);
+    if (open_tx_->rows_seen > 0) {  // 14 also sends the transactions that published nothing
+      stats_->transactions.fetch_add(1, std::memory_order_relaxed);
+      stats_->last_commit_unix_micros.store(c->commit_time.ToUnixMicros(),
+                                            std::memory_order_relaxed);
+    }
     tracker_->Commit(std::exchange(open_tx_, nullptr), c->end_lsn);  // may be gone after this
     return Ok();
   }

@@ -258,9 +258,9 @@ inline std::vector<std::string> Xids(const std::vector<WrittenRow>& rows) {
 // cluster was started with (postmaster.opts). Throws on failure.
 inline void PgCtl(const ThrowawayPostgres& cluster, const std::string& args) {
   std::string cmd = fmt::format(
-      "/usr/lib/postgresql/15/bin/pg_ctl -D {0}/data -l {0}/postgres.log -w -t 60 {1} "
+      "{2}/pg_ctl -D {0}/data -l {0}/postgres.log -w -t 60 {1} "
       "> /dev/null",
-      cluster.dir(), args);
+      cluster.dir(), args, cluster.bin());
   if (::geteuid() == 0) cmd = "runuser -u postgres -- " + cmd;
   int rc = std::system(cmd.c_str());
   if (rc != 0) {

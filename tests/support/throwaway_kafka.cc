@@ -149,8 +149,9 @@ std::string KafkaLibsDir() {
   return out;
 }
 
-ThrowawayKafka::ThrowawayKafka(std::map<std::string, std::string> properties)
-    : properties_(std::move(properties)) {
+ThrowawayKafka::ThrowawayKafka(std::map<std::string, std::string> properties,
+                               std::vector<std::string> format_args)
+    : properties_(std::move(properties)), format_args_(std::move(format_args)) {
   ReapStaleBrokers();
   libs_ = KafkaLibsDir();
   char tmpl[] = "/tmp/outbox-it-kafka-XXXXXX";
@@ -160,6 +161,7 @@ ThrowawayKafka::ThrowawayKafka(std::map<std::string, std::string> properties)
   try {
     port_ = FreeLocalPort(57100 + static_cast<int>(::getpid() % 700));
     controller_port_ = FreeLocalPort(port_ + 1);
+    extra_port_ = FreeLocalPort(controller_port_ + 1);
     WriteConfig();
     Format();
     Start();
@@ -220,7 +222,17 @@ void ThrowawayKafka::WriteConfig() {
       {"num.io.threads", "2"},
       {"log.segment.bytes", "16777216"},
   };
-  for (const auto& [k, v] : properties_) p[k] = v;
+  for (const auto& [k, v] : properties_) {
+    std::string value = v;
+    for (const auto& [name, port] : {std::pair<std::string, int>{"{port}", port_},
+                                     {"{controller_port}", controller_port_},
+                                     {"{extra_port}", extra_port_}}) {
+      for (size_t at; (at = value.find(name)) != std::string::npos;) {
+        value.replace(at, name.size(), std::to_string(port));
+      }
+    }
+    p[k] = value;
+  }
   std::ofstream out(dir_ + "/server.properties");
   out << "# Written by tests/support/throwaway_kafka.cc\n";
   for (const auto& [k, v] : p) out << k << "=" << v << "\n";
@@ -230,12 +242,14 @@ void ThrowawayKafka::WriteConfig() {
 }
 
 void ThrowawayKafka::Format() {
+  std::string extra;
+  for (const std::string& a : format_args_) extra += " '" + a + "'";
   std::string cmd = fmt::format(
       "java -Dlog4j2.configurationFile={src}/scripts/kafka/log4j2.properties "
       "-Dkafka.logs.dir={dir}/logs -cp '{libs}/*' kafka.tools.StorageTool format -t {id} "
-      "-c {dir}/server.properties > {dir}/format.log 2>&1",
+      "-c {dir}/server.properties{extra} > {dir}/format.log 2>&1",
       fmt::arg("src", OUTBOX_SOURCE_DIR), fmt::arg("dir", dir_), fmt::arg("libs", libs_),
-      fmt::arg("id", RandomClusterId()));
+      fmt::arg("id", RandomClusterId()), fmt::arg("extra", extra));
   int rc = std::system(cmd.c_str());
   if (rc != 0) {
     throw std::runtime_error(fmt::format("kafka StorageTool format failed ({}):\n{}", rc,

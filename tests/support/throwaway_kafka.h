@@ -17,6 +17,7 @@
 #include <chrono>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace outbox_test {
 
@@ -28,9 +29,14 @@ std::string KafkaLibsDir();
 class ThrowawayKafka {
  public:
   // `properties` are added to (or replace) the broker's server.properties,
-  // e.g. {{"auto.create.topics.enable", "false"}}. Starts the broker and waits
-  // until it answers; throws (with the log tail) when it does not.
-  explicit ThrowawayKafka(std::map<std::string, std::string> properties = {});
+  // e.g. {{"auto.create.topics.enable", "false"}}; in their values {port},
+  // {controller_port} and {extra_port} stand for the broker's ports (the
+  // extra one is free for a second listener, e.g. SASL_SSL). `format_args` go
+  // to `kafka-storage format` (e.g. --add-scram for SCRAM users). Starts the
+  // broker and waits until it answers on its PLAINTEXT port; throws (with the
+  // log tail) when it does not.
+  explicit ThrowawayKafka(std::map<std::string, std::string> properties = {},
+                          std::vector<std::string> format_args = {});
   ~ThrowawayKafka();  // SIGKILL and remove the directory (kept, stopped, with OUTBOX_IT_KEEP)
   ThrowawayKafka(const ThrowawayKafka&) = delete;
   ThrowawayKafka& operator=(const ThrowawayKafka&) = delete;
@@ -45,6 +51,7 @@ class ThrowawayKafka {
 
   std::string brokers() const;  // "127.0.0.1:<port>"
   int port() const { return port_; }
+  int extra_port() const { return extra_port_; }
   pid_t pid() const { return pid_; }
   const std::string& dir() const { return dir_; }
   // The last `lines` lines of the broker's server.log and stdout (for failure messages).
@@ -57,10 +64,12 @@ class ThrowawayKafka {
   bool Reap(bool block);
 
   std::map<std::string, std::string> properties_;
+  std::vector<std::string> format_args_;
   std::string libs_;
   std::string dir_;
   int port_ = 0;
   int controller_port_ = 0;
+  int extra_port_ = 0;
   pid_t pid_ = -1;
 };
 

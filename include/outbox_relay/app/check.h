@@ -2,14 +2,14 @@
 // flags as `run`. Each line is OK, WARN or FAIL, what was checked, and for
 // WARN/FAIL the fix. Exit 1 if anything FAILs, else 0. --output text|json.
 //
-// PostgreSQL: server version (15+: the relay creates its slot with the
-// option syntax of CREATE_REPLICATION_SLOT that 15 introduced; xid8 and
-// pg_visible_in_snapshot exist since 13), wal_level = logical, free
+// PostgreSQL: server version (14 to 18 are tested; xid8 and
+// pg_visible_in_snapshot need 13), wal_level = logical, free
 // replication slots and WAL senders, the role's REPLICATION attribute (or
 // superuser), the outbox table (columns by name and type, an index leading
 // with transaction_id for marking, the partial index on offset_acked IS NULL,
 // privileges), the publication (exists and holds exactly the table, publishes
-// inserts only), the slot (plugin, holder, wal_status), the relay's schema.
+// inserts only), the slot (plugin, holder, wal_status), the relay's schema,
+// and failover (check_failover.h) with --failover-slot or --standby-url.
 // Kafka: a metadata request within --kafka-timeout-ms, the dead-letter topic,
 // and the topics the template gives for the event types of recent rows.
 #pragma once
@@ -30,6 +30,7 @@ struct CheckConfig {
   std::string output = "text";  // text | json
   std::string kafka_timeout_ms = "5000";
   std::string sample_rows = "1000";  // recent rows whose topics are checked
+  std::string standby_url;           // a physical standby to check for failover (17+)
 
   // Filled by the command:
   int64_t kafka_timeout_ms_value = 5000;

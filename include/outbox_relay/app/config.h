@@ -68,6 +68,7 @@ struct RelayConfig {
   std::string on_slot_lost_flag = "reconcile";  // --on-slot-lost: reconcile | fail
   bool backfill = true;           // publish unacked rows older than a newly created slot
   int64_t backfill_batch = 5000;  // rows per backfill query
+  bool failover_slot = false;     // create the slot with failover = true (17+)
   bool create_topics = false;
   int64_t topic_partitions = 3;
   int64_t topic_replication_factor = -1;  // -1: the broker's default

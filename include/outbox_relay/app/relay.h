@@ -58,6 +58,10 @@ class Relay {
   // One replication connection, from START_REPLICATION to its end.
   Status Stream(std::optional<pipeline::StreamSession>* session,
                 std::optional<pipeline::PgSource>* source);
+  // Before START_REPLICATION: after a promotion (the server writes another
+  // timeline than the last stream), start from the new primary's copy of the
+  // slot, never from a position confirmed on the old one (relay_failover.cc).
+  Status FollowPromotion(pg::Connection& replication_conn);
   // Waits (bounded) for what is in flight, dead-lettering refused records.
   void Drain(std::chrono::milliseconds bound);
   int Shutdown(pipeline::StreamSession* session, bool failed);
@@ -76,6 +80,7 @@ class Relay {
   std::unique_ptr<pipeline::Publisher> publisher_;
   std::unique_ptr<pipeline::SlotSetup> slot_setup_;
   bool need_slot_setup_ = true;
+  uint32_t timeline_ = 0;                         // the timeline the last stream read (0: none yet)
   std::atomic<int64_t> last_marker_error_ns_{0};  // the marker thread writes; steady clock
 
   std::mutex refresh_mu_;         // RefreshMetrics (HTTP threads)

@@ -2,7 +2,8 @@
 //
 // status  pg_replication_slots for the slot (plugin, active and by whom,
 //         confirmed_flush_lsn, restart_lsn, the WAL it retains, wal_status,
-//         safe_wal_size), the relay's rows in outbox_relay.state for it and a
+//         safe_wal_size; on 16+ conflicting; on 17+ invalidation_reason,
+//         inactive_since, failover, synced), the relay's rows in outbox_relay.state for it and a
 //         summary of its commit-LSN index (what `replay` can reach).
 //         --output text|json. A missing slot is reported (exists: false), exit 0.
 // drop    Drops the slot, only with --confirm and only while no walsender
@@ -66,10 +67,16 @@ struct SlotReport {
   std::optional<int64_t> unconfirmed_bytes;  // current WAL - confirmed_flush_lsn
   std::string wal_status;
   std::optional<int64_t> safe_wal_size;  // NULL when max_slot_wal_keep_size = -1
-  bool relay_schema = false;             // outbox_relay.state and .commits exist and are readable
-  std::string relay_schema_access;       // why they cannot be read, when they exist but cannot
-  std::vector<SlotStateRow> state;       // outbox_relay.state rows of the slot
-  int64_t indexed_transactions = 0;      // outbox_relay.commits rows of the slot
+  // Columns of newer servers (nullopt where the server has no such column):
+  std::optional<bool> conflicting;                 // 16+
+  std::optional<std::string> invalidation_reason;  // 17+ (empty: valid)
+  std::optional<std::string> inactive_since;       // 17+ (empty: active)
+  std::optional<bool> failover;                    // 17+
+  std::optional<bool> synced;                      // 17+
+  bool relay_schema = false;         // outbox_relay.state and .commits exist and are readable
+  std::string relay_schema_access;   // why they cannot be read, when they exist but cannot
+  std::vector<SlotStateRow> state;   // outbox_relay.state rows of the slot
+  int64_t indexed_transactions = 0;  // outbox_relay.commits rows of the slot
   std::optional<std::string> first_commit_lsn, last_commit_lsn;
   std::optional<std::string> first_commit_time, last_commit_time;
 

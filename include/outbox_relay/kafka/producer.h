@@ -84,7 +84,12 @@ class KafkaProducer final : public Sink {
   bool Reachable() const override;
 
   // Broker metadata request: ok when a broker answered within `timeout`.
+  // When the brokers refused the client's credentials or TLS verification
+  // failed meanwhile (no retry cures that), kInvalidArgument naming
+  // --kafka-property; other failures are kTransient.
   Status CheckConnection(std::chrono::milliseconds timeout);
+  // The last authentication or TLS-verification error the brokers gave ("" if none).
+  std::string CredentialsError() const;
   rd_kafka_t* handle() const;
   // TEST ONLY: puts the producer in the fatal state an idempotence failure
   // (e.g. an out-of-order sequence) would.
@@ -137,6 +142,8 @@ class KafkaProducer final : public Sink {
   std::atomic<bool> stop_{false};
   std::atomic<bool> brokers_down_{false};
   std::atomic<int64_t> required_batch_size_{0};  // transactional: 0 = none
+  mutable std::mutex credentials_mu_;
+  std::string credentials_error_;  // guarded by credentials_mu_
 };
 
 }  // namespace outbox_relay::kafka

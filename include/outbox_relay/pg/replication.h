@@ -20,6 +20,12 @@
 
 namespace outbox_relay::pg {
 
+// A row of pg_replication_slots. Its columns differ by server version: 14 and
+// 15 have wal_status (an invalidated slot shows "lost"); 16 adds `conflicting`
+// (invalidated by a conflict with recovery on a standby) and reports every
+// invalidation as wal_status "lost"; 17 adds `invalidation_reason`
+// (wal_removed, rows_removed, wal_level_insufficient; 18 also idle_timeout),
+// `failover` and `synced`. What a server does not have stays empty.
 struct SlotInfo {
   bool exists = false;
   std::string plugin;
@@ -30,10 +36,27 @@ struct SlotInfo {
   Lsn confirmed_flush_lsn;
   std::string wal_status;                 // reserved, extended, unreserved, lost
   std::optional<int64_t> retained_bytes;  // pg_current_wal_lsn() - restart_lsn
+  std::string invalidation_reason;        // 17+: why it was invalidated ("" if it was not)
+  std::optional<bool> failover;           // 17+: created or altered with failover = true
+  bool synced = false;                    // 17+: synced from a primary (a promoted standby's)
 };
 
 // Reads pg_replication_slots for `slot`.
 Result<SlotInfo> QuerySlot(Connection& conn, std::string_view slot);
+
+// "was invalidated (...)": why the slot is lost, in the words an operator can act on
+// (invalidation_reason on 17+, wal_status before).
+std::string DescribeInvalidation(const SlotInfo& slot);
+
+// IDENTIFY_SYSTEM on a replication connection: the cluster and the timeline
+// it writes. A promoted standby writes a new timeline: positions a client
+// confirmed on the old primary beyond the fork point mean nothing there.
+struct SystemIdentity {
+  std::string system_id;
+  uint32_t timeline = 0;
+  Lsn xlogpos;
+};
+Result<SystemIdentity> IdentifySystem(Connection& replication_conn);
 
 struct CreatedSlot {
   Lsn consistent_point;
@@ -42,9 +65,17 @@ struct CreatedSlot {
 
 // CREATE_REPLICATION_SLOT ... LOGICAL pgoutput on a replication connection.
 // With `export_snapshot`, the snapshot stays valid until the next command on
-// this connection.
+// this connection. The option syntax depends on the server: 15+ takes
+// `(SNAPSHOT 'export')`, 14 only the older `EXPORT_SNAPSHOT` keyword (and
+// rejects the parenthesised list as a syntax error). `failover` (17+ only:
+// kInvalidArgument before) makes it a failover slot, synced to standbys that
+// run with sync_replication_slots = on.
 Result<CreatedSlot> CreateSlot(Connection& replication_conn, std::string_view slot,
-                               bool export_snapshot);
+                               bool export_snapshot, bool failover = false);
+
+// ALTER_REPLICATION_SLOT slot (FAILOVER true|false) on a replication
+// connection (17+). The slot must not be in use.
+Status AlterSlotFailover(Connection& replication_conn, std::string_view slot, bool failover);
 
 class ReplicationStream {
  public:

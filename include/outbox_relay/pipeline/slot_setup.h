@@ -28,6 +28,7 @@
 #include "outbox_relay/core/result.h"
 #include "outbox_relay/outbox/record.h"
 #include "outbox_relay/pg/connection.h"
+#include "outbox_relay/pg/replication.h"
 #include "outbox_relay/pipeline/publisher.h"
 #include "outbox_relay/pipeline/stats.h"
 #include "outbox_relay/pipeline/stop.h"
@@ -51,6 +52,7 @@ struct SlotSetupOptions {
   bool backfill = true;
   OnSlotLost on_slot_lost = OnSlotLost::kReconcile;
   int64_t backfill_batch = 5000;  // rows per keyset query
+  bool failover_slot = false;     // create (or alter) the slot with failover = true (17+)
   int64_t max_in_flight = 20000;
 };
 
@@ -73,6 +75,7 @@ class SlotSetup {
 
  private:
   Status Backfill(pg::Connection& conn, const std::string& snapshot);
+  Status EnsureFailover(const pg::SlotInfo& slot);
 
   const SlotSetupOptions options_;
   Publisher* const publisher_;

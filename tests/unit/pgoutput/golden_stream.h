@@ -1,5 +1,6 @@
-// Loads tests/fixtures/pgoutput/stream_v1.hex, recorded from a real PostgreSQL 15 by
-// tests/fixtures/record_fixtures.sh. Format: '#' lines are comments, every other line is
+// Loads tests/fixtures/pgoutput/stream_v1.hex (recorded from a real PostgreSQL 15 by
+// tests/fixtures/record_fixtures.sh) or stream_v1_pg<major>.hex (14, 16, 17, 18). Format: '#' lines
+// are comments, every other line is
 // "<lsn>\t<xid>\t<hex bytes of one pgoutput message>".
 #pragma once
 
@@ -20,8 +21,9 @@ struct GoldenLine {
   std::string bytes;
 };
 
-inline std::string GoldenStreamPath() {
-  return std::string(OUTBOX_FIXTURES_DIR) + "/pgoutput/stream_v1.hex";
+inline std::string GoldenStreamPath(int major = 15) {
+  return std::string(OUTBOX_FIXTURES_DIR) + "/pgoutput/stream_v1" +
+         (major == 15 ? std::string() : "_pg" + std::to_string(major)) + ".hex";
 }
 
 // Returns the lines, or an error naming the line that does not parse.

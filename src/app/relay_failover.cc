@@ -1,0 +1,80 @@
+// Following a promotion (see include/outbox_relay/app/failover.h).
+#include <spdlog/spdlog.h>
+
+#include <thread>
+
+#include "outbox_relay/app/failover.h"
+#include "outbox_relay/app/relay.h"
+
+namespace outbox_relay::app {
+
+namespace {
+
+constexpr const char* kFailoverHelp =
+    "on 14 to 16 a promoted standby has no copy of the slot; the relay recreates it and "
+    "backfills the unacked rows (--on-slot-lost=reconcile)";
+
+}  // namespace
+
+Status ValidateFailoverSlot(const RelayConfig& config, pg::Connection& conn) {
+  if (!config.failover_slot) return Ok();
+  if (conn.server_version() < 170000) {
+    return Fail(ErrorCode::kInvalidArgument,
+                "invalid setting --failover-slot (OUTBOX_FAILOVER_SLOT): failover slots need "
+                "PostgreSQL 17 or newer, the server is {}.{}; {}",
+                conn.server_version() / 10000, conn.server_version() % 10000, kFailoverHelp);
+  }
+  auto res = conn.Exec("SELECT current_setting('synchronized_standby_slots')");
+  if (!res) return std::unexpected(res.error());
+  if (pg::GetValue(res->get(), 0, 0).value_or("").empty()) {
+    spdlog::warn(
+        "--failover-slot: synchronized_standby_slots is empty on the primary, so the relay may "
+        "publish transactions a standby has not received yet; after a failover to that standby "
+        "they are gone from the database but not from Kafka. Set it to the standby's physical "
+        "slot (outbox-relay check --standby-url says which)");
+  }
+  return Ok();
+}
+
+Status Relay::FollowPromotion(pg::Connection& replication_conn) {
+  auto identity = pg::IdentifySystem(replication_conn);
+  if (!identity) return std::unexpected(identity.error());
+  const uint32_t previous = timeline_;
+  if (previous == 0 || previous == identity->timeline) {
+    timeline_ = identity->timeline;
+    return Ok();
+  }
+  spdlog::warn(
+      "the server writes timeline {}, the relay streamed timeline {} before: a standby was "
+      "promoted. Resuming from this server's copy of slot {}, not from {} (confirmed on the old "
+      "primary)",
+      identity->timeline, previous, config_.slot, tracker_->confirmed());
+  // The transactions in flight are marked on the new primary by the marker
+  // (it reconnects by itself); the tracker must be empty to start over.
+  Drain(std::chrono::seconds(30));
+  if (!tracker_->empty()) {
+    // Keep timeline_ at the old value: the next attempt sees the promotion again.
+    return Fail(ErrorCode::kTransient,
+                "after the promotion, {} rows are still in flight or unmarked; waiting for them "
+                "before resuming on the new primary",
+                tracker_->rows_in_flight());
+  }
+  auto admin = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kNormal);
+  if (!admin) return std::unexpected(admin.error());
+  auto slot = pg::QuerySlot(*admin, config_.slot);
+  if (!slot) return std::unexpected(slot.error());
+  timeline_ = identity->timeline;
+  if (!slot->exists) {
+    // START_REPLICATION reports it as lost; --on-slot-lost decides (SlotSetup).
+    spdlog::error("slot {} does not exist on the promoted server: {}", config_.slot,
+                  "it was not a failover slot synced to this standby (--failover-slot, "
+                  "sync_replication_slots)");
+    return Ok();
+  }
+  (void)tracker_->ResetConfirmed(slot->confirmed_flush_lsn);
+  spdlog::info("slot {} on the promoted server: confirmed_flush_lsn {}{}", config_.slot,
+               slot->confirmed_flush_lsn, slot->synced ? " (synced from the old primary)" : "");
+  return Ok();
+}
+
+}  // namespace outbox_relay::app

@@ -1,0 +1,253 @@
+// Failover under load (issue: PostgreSQL 17 failover slots): a primary and a
+// physical standby of the major under test, synchronous replication, the
+// relay given both servers (target_session_attrs=read-write), writers
+// writing; the primary crashes (pg_ctl stop -m immediate), the standby is
+// promoted, the writers and the relay carry on against it.
+//
+// 17+: the relay runs with --failover-slot, the primary with
+// synchronized_standby_slots naming the standby's physical slot, the standby
+// with sync_replication_slots = on: the promoted standby holds a synced copy
+// of the slot and the relay streams from it: no backfill; what lies between
+// the synced position and the relay's own is published again (duplicates).
+// 14 to 16: the promoted standby has no slot; the relay finds it missing and
+// reconciles (recreates it, backfills every unacked row: more duplicates).
+//
+// Either way: lost 0, phantom 0, per-aggregate order kept, every row marked on
+// the new primary. The figures (rows, duplicates, time to resume) are printed
+// for the comparison in docs/failover.md.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <regex>
+#include <set>
+#include <thread>
+
+#include "fixture.h"
+#include "ops_support.h"
+#include "resilience_support.h"
+#include "support/throwaway_pg.h"
+
+namespace outbox_test {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using namespace resilience;
+
+size_t Count(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t p = 0; (p = text.find(needle, p)) != std::string::npos; p += needle.size()) ++n;
+  return n;
+}
+
+// Polls `probe` every 100 ms until it returns true or `timeout` passes.
+template <typename Probe>
+bool WaitFor(Probe probe, std::chrono::milliseconds timeout) {
+  auto until = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    try {
+      if (probe()) return true;
+    } catch (const std::exception&) {
+      // the server is restarting or promoting: ask again
+    }
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+}
+
+class Failover : public RelayTest {};
+
+TEST_F(Failover, PrimaryCrashesUnderLoadAndTheStandbyIsPromoted) {
+  const int major = TestPgVersion();
+  const bool failover_slots = major >= 17;
+  const int base = 55640 + static_cast<int>(getpid() % 40);
+  const std::string common =
+      "-c wal_level=logical -c max_wal_senders=10 -c max_replication_slots=10 "
+      "-c hot_standby=on -c wal_keep_size=512MB";
+  ThrowawayPostgres primary(FreeLocalPort(base), common);
+  Pg pdb(primary.url());
+  pdb.Exec("SELECT pg_create_physical_replication_slot('standby1_slot')");
+  pdb.Exec(OutboxTableDdl(name_));
+  pdb.Exec(fmt::format("CREATE TABLE {} (id BIGSERIAL PRIMARY KEY, note TEXT)",
+                       QuoteIdent(other_table_)));
+
+  // The standby: a copy of the cleanly stopped primary (no pg_basebackup in
+  // the npm builds), streaming over the physical slot.
+  primary.Stop("fast");
+  // sync_replication_slots is turned on once the relay's slot exists: a
+  // synchronization worker that found nothing to sync backs off up to 30 s.
+  std::string standby_settings = common + " -c hot_standby_feedback=on";
+  auto standby = ThrowawayPostgres::StandbyOf(
+      primary, FreeLocalPort(primary.port() + 1), standby_settings,
+      fmt::format("primary_conninfo = 'host=127.0.0.1 port={} user=postgres dbname=postgres "
+                  "application_name=standby1'\nprimary_slot_name = 'standby1_slot'",
+                  primary.port()));
+  primary.Start();
+  standby->Start();
+  pdb = Pg(primary.url());
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return pdb.Int(
+                   "SELECT count(*) FROM pg_stat_replication WHERE application_name = "
+                   "'standby1' AND state = 'streaming'") == 1;
+      },
+      seconds(60)))
+      << "the standby does not stream; see " << standby->dir() << "/postgres.log";
+  // Commits wait for the standby: a commit a writer saw acknowledged survives the failover.
+  pdb.Exec("ALTER SYSTEM SET synchronous_standby_names = 'standby1'");
+  if (failover_slots) {
+    pdb.Exec("ALTER SYSTEM SET synchronized_standby_slots = 'standby1_slot'");
+  }
+  pdb.Exec("SELECT pg_reload_conf()");
+
+  const std::string both = fmt::format(
+      "postgresql://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write",
+      primary.port(), standby->port());
+  std::vector<std::string> extra;
+  if (failover_slots) extra = {"--failover-slot", "true"};
+  RelayProcess& relay = StartRelay(extra, {{"DATABASE_URL", both}});
+  ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
+
+  auto synced_at = std::chrono::steady_clock::now();
+  double sync_s = 0;
+  if (failover_slots) {
+    // The standby's copy of the slot must be synced and persistent before a
+    // failover can rely on it (the runbook's first check).
+    Pg sdb(standby->url());
+    sdb.Exec("ALTER SYSTEM SET sync_replication_slots = on");
+    sdb.Exec("SELECT pg_reload_conf()");
+    // The copy is persisted once the primary's slot has moved past where the
+    // standby created it; that takes a running-transactions record, which an
+    // idle primary writes every 15 s: ask for one instead of waiting.
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          pdb.Exec("SELECT pg_log_standby_snapshot()");
+          return sdb.Scalar(
+                     "SELECT synced AND NOT temporary FROM pg_replication_slots "
+                     "WHERE slot_name = $1",
+                     {name_}) == "t";
+        },
+        seconds(60)))
+        << "the standby has no synced copy of the slot; see " << standby->dir() << "/postgres.log";
+    sync_s = SecondsSince(synced_at);
+    // check --standby-url agrees.
+    CommandResult check =
+        RunRelayCommand({"check", "--table", "public." + name_, "--slot", name_, "--publication",
+                         name_, "--failover-slot", "true", "--standby-url", standby->url(),
+                         "--sample-rows", "0", "--dlq-topic", topic_prefix_ + ".dlq"},
+                        {{"DATABASE_URL", both}});
+    EXPECT_EQ(check.exit_code, 0) << check.Describe();
+    for (const char* line :
+         {"OK    failover slot: slot", "OK    synchronized_standby_slots: standby1_slot",
+          "OK    sync_replication_slots:", "OK    hot_standby_feedback:",
+          "OK    primary_slot_name: standby1_slot",
+          "OK    primary_conninfo:", "OK    synced slot:"}) {
+      EXPECT_NE(check.out.find(line), std::string::npos) << "no '" << line << "' in:\n"
+                                                         << check.Describe();
+    }
+  }
+  WorkloadOptions options = Workload();
+  options.database_url = both;
+  Ledger ledger;
+  ResilientLoad load(
+      options, &ledger, 2,
+      [](std::mt19937_64& rng) {
+        TxSpec tx;
+        tx.rows = 1 + static_cast<int>(rng() % 20);
+        tx.rollback = rng() % 10 == 0;
+        if (rng() % 10 == 0) tx.savepoint_rolled_back_rows = 2;
+        if (rng() % 10 == 0) tx.other_table_rows = 3;
+        return tx;
+      },
+      std::chrono::microseconds(3000));
+  load.Start();
+
+  std::this_thread::sleep_for(seconds(4));  // load flows and the relay streams
+
+  uint64_t confirmed_before = 0;
+  if (auto s = QuerySlot(pdb, name_); s && s->confirmed_flush_lsn) {
+    confirmed_before = *s->confirmed_flush_lsn;
+  }
+  size_t sessions = Count(relay.Log(), "streaming from slot");
+  const size_t log_at_crash = relay.Log().size();
+  auto crash = std::chrono::steady_clock::now();
+  primary.Stop("immediate");
+  standby->Promote();
+  double promote_s = SecondsSince(crash);
+  auto promoted = std::chrono::steady_clock::now();
+  ASSERT_TRUE(
+      WaitFor([&] { return Count(relay.Log(), "streaming from slot") > sessions; }, seconds(120)))
+      << "the relay did not stream from the promoted standby:\n"
+      << relay.LogTail(60);
+  double resume_s = SecondsSince(promoted);
+  std::this_thread::sleep_for(seconds(4));  // writers carry on against the new primary
+  load.Stop();
+
+  db_ = std::make_unique<Pg>(standby->url());
+  auto drain = std::chrono::steady_clock::now();
+  int64_t unacked = WaitAllAcked(seconds(120));
+  double drain_s = SecondsSince(drain);
+  EXPECT_EQ(unacked, 0) << DescribeUnacked();
+  EXPECT_EQ(MisackedRows(), 0);
+  ASSERT_TRUE(relay.Running()) << relay.LogTail(60);
+
+  // What committed is what the new primary holds; every commit a writer saw
+  // acknowledged must be there (synchronous replication).
+  std::vector<WrittenRow> committed = RowsFromTable(*db_, name_);
+  std::set<std::string> in_table;
+  for (const WrittenRow& w : committed) in_table.insert(w.uuid);
+  size_t missing = 0;
+  for (const WrittenRow& w : ledger.committed()) {
+    if (!in_table.contains(w.uuid)) ++missing;
+  }
+  std::vector<KafkaRecord> records = ReadTopics({.timeout = seconds(60)});
+  DeliveryReport delivery = CheckDelivery(committed, ledger.rolled_back(), records);
+  std::string log = relay.Log().substr(log_at_crash);  // what the relay did after the crash
+  size_t backfills = Count(log, "backfill: publishing unacked rows");
+  size_t backfilled = 0;  // "backfill: 123 rows in 45 transactions published in 0.1 s"
+  std::regex published("backfill: ([0-9]+) rows in");
+  for (std::sregex_iterator it(log.begin(), log.end(), published), end; it != end; ++it) {
+    backfilled += std::stoul((*it)[1].str());
+  }
+  auto slot = QuerySlot(*db_, name_);
+
+  fmt::print(
+      "failover on PostgreSQL {} ({}): {} rows committed, {} acknowledged to writers ({} not on "
+      "the new primary), {} writer failures; crash + promote {:.1f} s; relay streaming {:.1f} s "
+      "after the promotion; all rows marked {:.1f} s after the load stopped; {} backfill(s) of {} "
+      "rows; "
+      "slot confirmed {} before the crash, now {}\n",
+      major,
+      failover_slots ? fmt::format("failover slot, synced to the standby {:.1f} s after "
+                                   "sync_replication_slots was turned on",
+                                   sync_s)
+                     : std::string("no failover slots: reconcile by backfill"),
+      committed.size(), ledger.committed_count(), missing, load.failures(), promote_s, resume_s,
+      drain_s, backfills, backfilled, FormatLsn(confirmed_before),
+      slot && slot->confirmed_flush_lsn ? FormatLsn(*slot->confirmed_flush_lsn) : "-");
+  fmt::print("{}\n", delivery.Summary());
+
+  EXPECT_EQ(missing, 0u) << "commits acknowledged to a writer are not on the new primary";
+  EXPECT_EQ(delivery.lost, 0u) << delivery.Samples();
+  EXPECT_EQ(delivery.phantom, 0u) << delivery.Samples();
+  EXPECT_EQ(delivery.order_violations, 0u) << delivery.Samples();
+  EXPECT_EQ(delivery.split_aggregates, 0u) << delivery.Samples();
+  EXPECT_NE(log.find("a standby was promoted"), std::string::npos) << relay.LogTail(60);
+  if (failover_slots) {
+    EXPECT_EQ(backfills, 0u) << "the synced slot needs no backfill:\n" << relay.LogTail(60);
+    EXPECT_EQ(Count(log, "is missing"), 0u) << relay.LogTail(60);
+    EXPECT_NE(log.find("(synced from the old primary)"), std::string::npos) << relay.LogTail(60);
+  } else {
+    EXPECT_EQ(backfills, 1u) << "a missing slot is recreated and backfilled:\n"
+                             << relay.LogTail(60);
+    EXPECT_NE(log.find("replication slot " + name_ + " is missing"), std::string::npos)
+        << relay.LogTail(60);
+  }
+
+  relay.Terminate();
+  EXPECT_EQ(relay.Wait(seconds(40)), std::optional<int>(0)) << relay.LogTail();
+  fmt::print("total {:.1f} s\n", SecondsSince(started_));
+}
+
+}  // namespace
+}  // namespace outbox_test
