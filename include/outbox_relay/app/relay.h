@@ -62,6 +62,16 @@ class Relay {
   // timeline than the last stream), start from the new primary's copy of the
   // slot, never from a position confirmed on the old one (relay_failover.cc).
   Status FollowPromotion(pg::Connection& replication_conn);
+  // The sink: the Kafka producer (transactional for exactly-once), or the null sink.
+  Result<std::unique_ptr<kafka::Sink>> MakeRelaySink();
+  // Exactly-once: the transactional.id (--transactional-id, or derived).
+  Result<std::string> TransactionalId();
+  // Exactly-once: fences earlier producers, makes sure of the progress topic
+  // and reads what Kafka already holds.
+  Status PrepareTransactions(kafka::KafkaProducer* producer);
+  // Exactly-once: a topic needs smaller batches than the producer makes: a
+  // new producer (a transaction is one producer's).
+  Status RecreateSinkIfNeeded();
   // Waits (bounded) for what is in flight, dead-lettering refused records.
   void Drain(std::chrono::milliseconds bound);
   int Shutdown(pipeline::StreamSession* session, bool failed);
@@ -79,6 +89,10 @@ class Relay {
   std::unique_ptr<marker::Marker> marker_;
   std::unique_ptr<pipeline::Publisher> publisher_;
   std::unique_ptr<pipeline::SlotSetup> slot_setup_;
+  // Exactly-once: the producer's transactional.id, and the batch.size a
+  // topic's max.message.bytes asked for (0: the default).
+  std::string transactional_id_;
+  int64_t required_batch_size_ = 0;
   bool need_slot_setup_ = true;
   uint32_t timeline_ = 0;                         // the timeline the last stream read (0: none yet)
   std::atomic<int64_t> last_marker_error_ns_{0};  // the marker thread writes; steady clock

@@ -106,6 +106,7 @@ class Publisher {
   kafka::DeliveryCallback DeliveryCallback();
   void CloseSink();
   bool has_sink() const { return sink_ != nullptr; }
+  kafka::Sink* sink() const { return sink_.get(); }
 
   // Maps one row of `tx` and produces its record, or its dead letter. An
   // error stops the stream: kFatal (halt on poison, a broken sink, a row

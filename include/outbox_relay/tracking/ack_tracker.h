@@ -62,6 +62,7 @@ struct Transaction {
   uint32_t xid = 0;                  // 32-bit xid from Begin
   std::vector<RowRange> row_ranges;  // primary keys of its produced rows, for marking
   uint64_t rows = 0;                 // rows produced (incl. dead letters)
+  uint64_t rows_seen = 0;            // rows received, incl. those Kafka already had (exactly-once)
   bool abandoned = false;            // stream broke before its Commit: never confirms, never marked
 
   // 1 for the open transaction (released by Commit/Abandon) + 1 per message
