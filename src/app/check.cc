@@ -146,7 +146,9 @@ class Checker {
                           ": a slot retaining more is invalidated; run recovers by backfill "
                           "(--on-slot-lost=reconcile)");
     Role(Bool(s, 0, 11));
-    if (Table()) {
+    if (r_.watermill) {
+      for (CheckResult& r : CheckWatermillTables(*conn_, r_)) out_.push_back(std::move(r));
+    } else if (Table()) {
       Columns();
       Indexes();
       Privileges();

@@ -160,6 +160,7 @@ void AddCleanupFlags(CLI::App& app, CleanupConfig& c) {
   app.add_option("--column-offset", c.offset_column, "Second primary-key column")
       ->envname("OUTBOX_COLUMN_OFFSET")
       ->capture_default_str();
+  AddWatermillTableFlags(app, c.watermill_flags);
   app.add_option("--prune-commits", c.prune_commits,
                  "Also delete outbox_relay.commits rows (the replay index, all slots) whose "
                  "commit_time is past the same retention")
@@ -210,10 +211,43 @@ Status ValidateCleanup(CleanupConfig& c) {
        }) {
     if (n.value->empty()) return BadSetting(n.flag, n.env, "empty column name");
   }
+  return ParseWatermillFlags(c.watermill_flags, &c.watermill, &c.watermill_settings);
+}
+
+Status PruneCommitIndex(pg::Connection& conn, const CleanupConfig& c,
+                        std::span<const std::optional<std::string>> params, CleanupReport* report) {
+  const auto sleep = std::chrono::milliseconds(c.batch_sleep_ms_value);
+  if (c.prune_commits) {
+    auto exists = conn.Exec("SELECT to_regclass('outbox_relay.commits') IS NOT NULL");
+    if (!exists) return std::unexpected(exists.error());
+    report->commit_index_exists = pg::GetValue(exists->get(), 0, 0) == "t";
+  }
+  if (c.prune_commits && report->commit_index_exists) {
+    if (c.dry_run) {
+      auto n = Count(
+          conn, "SELECT count(*) FROM outbox_relay.commits WHERE commit_time < $1::timestamptz",
+          params.first(1));
+      if (!n) return std::unexpected(n.error());
+      report->commit_rows = *n;
+    } else {
+      auto deleted = DeleteInBatches(
+          conn,
+          "WITH victims AS ("
+          " SELECT slot_name, commit_lsn FROM outbox_relay.commits"
+          " WHERE commit_time < $1::timestamptz ORDER BY slot_name, commit_lsn LIMIT $2::bigint"
+          ") DELETE FROM outbox_relay.commits c USING victims v"
+          " WHERE c.slot_name = v.slot_name AND c.commit_lsn = v.commit_lsn",
+          params, c.batch_size_value, sleep, "outbox_relay.commits");
+      if (!deleted) return std::unexpected(deleted.error());
+      report->commit_rows = deleted->rows;
+      report->commit_batches = deleted->batches;
+    }
+  }
   return Ok();
 }
 
 Result<CleanupReport> RunCleanup(const CleanupConfig& c) {
+  if (c.watermill) return RunWatermillCleanup(c);
   auto started = Clock::now();
   CleanupReport report;
   auto conn =
@@ -278,31 +312,8 @@ Result<CleanupReport> RunCleanup(const CleanupConfig& c) {
     report.outbox_batches = deleted->batches;
   }
 
-  if (c.prune_commits) {
-    auto exists = conn->Exec("SELECT to_regclass('outbox_relay.commits') IS NOT NULL");
-    if (!exists) return std::unexpected(exists.error());
-    report.commit_index_exists = pg::GetValue(exists->get(), 0, 0) == "t";
-  }
-  if (c.prune_commits && report.commit_index_exists) {
-    if (c.dry_run) {
-      auto n = Count(
-          *conn, "SELECT count(*) FROM outbox_relay.commits WHERE commit_time < $1::timestamptz",
-          std::span(params, 1));
-      if (!n) return std::unexpected(n.error());
-      report.commit_rows = *n;
-    } else {
-      auto deleted = DeleteInBatches(
-          *conn,
-          "WITH victims AS ("
-          " SELECT slot_name, commit_lsn FROM outbox_relay.commits"
-          " WHERE commit_time < $1::timestamptz ORDER BY slot_name, commit_lsn LIMIT $2::bigint"
-          ") DELETE FROM outbox_relay.commits c USING victims v"
-          " WHERE c.slot_name = v.slot_name AND c.commit_lsn = v.commit_lsn",
-          params, c.batch_size_value, sleep, "outbox_relay.commits");
-      if (!deleted) return std::unexpected(deleted.error());
-      report.commit_rows = deleted->rows;
-      report.commit_batches = deleted->batches;
-    }
+  if (auto st = PruneCommitIndex(*conn, c, params, &report); !st) {
+    return std::unexpected(st.error());
   }
   report.seconds = SecondsSince(started);
   return report;
@@ -328,8 +339,11 @@ int CleanupCommand(CleanupConfig& c) {
   const char* verb = c.dry_run ? "would delete" : "deleted";
   std::printf("cleanup%s: retention %lld days, cutoff %s\n", c.dry_run ? " (dry run)" : "",
               static_cast<long long>(c.retention_days_value), report->cutoff.c_str());
-  std::printf("cleanup: %s %lld rows from %s (acked, created before the cutoff)", verb,
-              static_cast<long long>(report->outbox_rows), c.table_name.ToString().c_str());
+  std::printf(c.watermill ? "cleanup: %s %lld rows from %s (processed by every consumer group, "
+                            "created before the cutoff)"
+                          : "cleanup: %s %lld rows from %s (acked, created before the cutoff)",
+              verb, static_cast<long long>(report->outbox_rows),
+              c.watermill ? "the watermill tables" : c.table_name.ToString().c_str());
   if (!c.dry_run) std::printf(" in %lld batches", static_cast<long long>(report->outbox_batches));
   std::printf("\n");
   if (!c.prune_commits) {
@@ -344,7 +358,10 @@ int CleanupCommand(CleanupConfig& c) {
     if (!c.dry_run) std::printf(" in %lld batches", static_cast<long long>(report->commit_batches));
     std::printf("\n");
   }
-  std::printf("cleanup: kept %lld unacked rows older than the cutoff (never deleted)\n",
+  std::printf(c.watermill
+                  ? "cleanup: kept %lld rows older than the cutoff that a consumer group "
+                    "has not processed (never deleted)\n"
+                  : "cleanup: kept %lld unacked rows older than the cutoff (never deleted)\n",
               static_cast<long long>(report->unacked_past_retention));
   std::printf("cleanup: done in %.2f s\n", report->seconds);
   std::fflush(stdout);

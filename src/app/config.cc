@@ -4,6 +4,29 @@
 
 namespace outbox_relay::app {
 
+namespace {
+
+std::unexpected<Error> Bad(std::string_view flag, std::string_view env, std::string_view why) {
+  return Fail(ErrorCode::kInvalidArgument, "invalid setting {} ({}): {}", flag, env, why);
+}
+
+std::vector<std::string> SplitCommas(std::string_view text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(',', start);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view item = text.substr(start, end - start);
+    while (!item.empty() && (item.front() == ' ' || item.front() == '\t')) item.remove_prefix(1);
+    while (!item.empty() && (item.back() == ' ' || item.back() == '\t')) item.remove_suffix(1);
+    if (!item.empty()) out.emplace_back(item);
+    start = end + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
 void AddLogFlags(CLI::App& app, LogConfig& c) {
   app.add_option("--log-format", c.format, "Log format: text or json")
       ->envname("OUTBOX_LOG_FORMAT")
@@ -190,6 +213,206 @@ void AddRunFlags(CLI::App& app, RelayConfig& c) {
                  "How often outbox_rows_total is sampled from the table")
       ->envname("OUTBOX_ROW_COUNT_INTERVAL_S")
       ->capture_default_str();
+  app.add_option("--uuid-in-metadata", c.uuid_in_metadata_flag,
+                 "A metadata entry named _watermill_message_uuid: watermill (as watermill-kafka's "
+                 "marshaler: an empty one is sent as a second UUID header, which its consumers "
+                 "read as the message's UUID; a non-empty one makes the row poison) or drop (an "
+                 "empty one is left out; a non-empty one is still poison)")
+      ->envname("OUTBOX_UUID_IN_METADATA")
+      ->check(CLI::IsMember({"watermill", "drop"}))
+      ->capture_default_str();
+  AddWatermillTableFlags(app, c.watermill_flags);
+  app.add_option("--watermill-consumer-group", c.watermill_consumer_group,
+                 "watermill mode: the consumer group whose position the relay reads (backfill) "
+                 "and advances (so the polling forwarder can take over); the forwarder's "
+                 "ConsumerGroup")
+      ->envname("OUTBOX_WATERMILL_CONSUMER_GROUP")
+      ->capture_default_str();
+  app.add_option("--watermill-key-field", c.mapper.watermill_key_field,
+                 "watermill mode: metadata key whose value is the record key (\"\" when "
+                 "absent, as a partitioning marshaler over msg.Metadata.Get); empty: null keys, "
+                 "as DefaultMarshaler")
+      ->envname("OUTBOX_WATERMILL_KEY_FIELD")
+      ->capture_default_str();
+  app.add_option("--watermill-discover-interval-s", c.watermill_discover_interval_s,
+                 "watermill mode: how often to look for selected tables not yet in the "
+                 "publication (new topics)")
+      ->envname("OUTBOX_WATERMILL_DISCOVER_INTERVAL_S")
+      ->capture_default_str();
+  app.add_option("--watermill-join-lock-timeout-ms", c.watermill_join_lock_timeout_ms,
+                 "watermill mode: a table joining the publication is locked against inserts "
+                 "for at most this long (then the join is retried later)")
+      ->envname("OUTBOX_WATERMILL_JOIN_LOCK_TIMEOUT_MS")
+      ->capture_default_str();
+  AddNetworkFlags(app, c);
+}
+
+void AddWatermillTableFlags(CLI::App& app, WatermillFlags& f) {
+  app.add_option("--table-mode", f.table_mode,
+                 "seed: the house outbox table (--table, --topic-template, --key-field, "
+                 "offset_acked); watermill: watermill-sql's own tables (--watermill-*), topic "
+                 "from each table, progress in watermill_offsets_<topic>")
+      ->envname("OUTBOX_TABLE_MODE")
+      ->check(CLI::IsMember({"seed", "watermill"}))
+      ->capture_default_str();
+  app.add_option("--watermill-tables", f.tables,
+                 "watermill mode: tables written by watermill-sql publishers, comma-separated "
+                 "(\"watermill_<topic>\"; quote names with upper case or dots: "
+                 "public.\"watermill_orders.v1\")")
+      ->envname("OUTBOX_WATERMILL_TABLES");
+  app.add_option("--watermill-forwarder-tables", f.forwarder_tables,
+                 "watermill mode: tables written through Watermill's forwarder publisher "
+                 "(envelopes; default name watermill_forwarder_topic), comma-separated: each "
+                 "row's topic, UUID, metadata and payload come from its envelope")
+      ->envname("OUTBOX_WATERMILL_FORWARDER_TABLES");
+  app.add_option("--watermill-table-pattern", f.pattern,
+                 "watermill mode: also every table whose name matches this pattern ('*' for any "
+                 "text, e.g. public.watermill_*) and has watermill-sql's columns; new ones join "
+                 "the publication as they appear")
+      ->envname("OUTBOX_WATERMILL_TABLE_PATTERN");
+  app.add_option("--watermill-topic-map", f.topic_map,
+                 "watermill mode: table=topic,... for tables whose topic their name does not "
+                 "tell (a name the application chose, or one PostgreSQL cut at 63 bytes)")
+      ->envname("OUTBOX_WATERMILL_TOPIC_MAP");
+  app.add_option("--watermill-offsets-table-map", f.offsets_map,
+                 "watermill mode: table=offsets_table,... where the offsets table is not "
+                 "watermill_offsets_<topic> in the table's schema")
+      ->envname("OUTBOX_WATERMILL_OFFSETS_TABLE_MAP");
+}
+
+Status ParseWatermillFlags(const WatermillFlags& f, bool* watermill,
+                           pipeline::WatermillSettings* settings) {
+  if (f.table_mode != "seed" && f.table_mode != "watermill") {
+    return Bad("--table-mode", "OUTBOX_TABLE_MODE",
+               fmt::format("'{}': seed or watermill", f.table_mode));
+  }
+  *watermill = f.table_mode == "watermill";
+  pipeline::WatermillSettings& w = *settings;
+  w = pipeline::WatermillSettings{};
+  if (!*watermill) return Ok();
+  struct List {
+    const char* flag;
+    const char* env;
+    const std::string* text;
+    std::vector<pg::QualifiedName>* out;
+  };
+  for (const List& list :
+       {List{"--watermill-tables", "OUTBOX_WATERMILL_TABLES", &f.tables, &w.tables},
+        List{"--watermill-forwarder-tables", "OUTBOX_WATERMILL_FORWARDER_TABLES",
+             &f.forwarder_tables, &w.forwarder_tables}}) {
+    for (const std::string& item : SplitCommas(*list.text)) {
+      auto name = pg::QualifiedName::Parse(item);
+      if (!name) return Bad(list.flag, list.env, name.error().message);
+      list.out->push_back(*name);
+    }
+  }
+  if (!f.pattern.empty()) {
+    auto pattern = pg::QualifiedName::Parse(f.pattern);
+    if (!pattern) {
+      return Bad("--watermill-table-pattern", "OUTBOX_WATERMILL_TABLE_PATTERN",
+                 pattern.error().message);
+    }
+    w.pattern = *pattern;
+  }
+  if (w.tables.empty() && w.forwarder_tables.empty() && !w.pattern) {
+    return Bad("--watermill-tables", "OUTBOX_WATERMILL_TABLES",
+               "--table-mode=watermill needs tables: --watermill-tables, "
+               "--watermill-forwarder-tables or --watermill-table-pattern");
+  }
+  struct Map {
+    const char* flag;
+    const char* env;
+    const std::string* text;
+    bool offsets;
+  };
+  for (const Map& map :
+       {Map{"--watermill-topic-map", "OUTBOX_WATERMILL_TOPIC_MAP", &f.topic_map, false},
+        Map{"--watermill-offsets-table-map", "OUTBOX_WATERMILL_OFFSETS_TABLE_MAP", &f.offsets_map,
+            true}}) {
+    for (const std::string& item : SplitCommas(*map.text)) {
+      size_t eq = item.rfind('=');
+      if (eq == std::string::npos || eq == 0 || eq + 1 == item.size()) {
+        return Bad(map.flag, map.env, fmt::format("'{}' is not table=value", item));
+      }
+      auto table = pg::QualifiedName::Parse(item.substr(0, eq));
+      if (!table) return Bad(map.flag, map.env, table.error().message);
+      std::string value = item.substr(eq + 1);
+      if (map.offsets) {
+        auto offsets = pg::QualifiedName::Parse(value);
+        if (!offsets) return Bad(map.flag, map.env, offsets.error().message);
+        w.offsets[table->ToString()] = *offsets;
+      } else {
+        w.topics[table->ToString()] = value;
+      }
+    }
+  }
+  w.consumer_group = f.consumer_group;
+  return Ok();
+}
+
+void AddNetworkFlags(CLI::App& app, RelayConfig& c) {
+  app.add_option("--replication-database-url", c.replication_database_url,
+                 "Connection string of the replication connection when it must differ from "
+                 "DATABASE_URL (the same database; e.g. DATABASE_URL goes through a pooler). "
+                 "Default: DATABASE_URL")
+      ->envname("OUTBOX_REPLICATION_DATABASE_URL");
+  app.add_option("--pg-connect-timeout-s", c.pg_connect_timeout_s,
+                 "libpq connect_timeout per host: a connection attempt to an address that "
+                 "answers nothing gives up after this (0: wait for the kernel). The connection "
+                 "string's own setting wins")
+      ->envname("OUTBOX_PG_CONNECT_TIMEOUT_S")
+      ->capture_default_str();
+  app.add_option("--pg-tcp-user-timeout-ms", c.pg_tcp_user_timeout_ms,
+                 "libpq tcp_user_timeout: a connection whose sent data stays unacknowledged this "
+                 "long is dropped by the kernel (0: the kernel's default, minutes). The "
+                 "connection string's own setting wins")
+      ->envname("OUTBOX_PG_TCP_USER_TIMEOUT_MS")
+      ->capture_default_str();
+  app.add_option("--pg-keepalives-idle-s", c.pg_keepalives_idle_s,
+                 "libpq keepalives_idle: TCP keepalive probes start after this much idle time "
+                 "(0: the kernel's default, 2 h). The connection string's own setting wins")
+      ->envname("OUTBOX_PG_KEEPALIVES_IDLE_S")
+      ->capture_default_str();
+  app.add_option("--pg-keepalives-interval-s", c.pg_keepalives_interval_s,
+                 "libpq keepalives_interval: seconds between unanswered keepalive probes")
+      ->envname("OUTBOX_PG_KEEPALIVES_INTERVAL_S")
+      ->capture_default_str();
+  app.add_option("--pg-keepalives-count", c.pg_keepalives_count,
+                 "libpq keepalives_count: unanswered probes before the connection is dead")
+      ->envname("OUTBOX_PG_KEEPALIVES_COUNT")
+      ->capture_default_str();
+  app.add_option("--pg-statement-timeout-ms", c.pg_statement_timeout_ms,
+                 "statement_timeout of the SQL connections (marker, setup, backfill; the "
+                 "metrics sampler's at least 2 min), and the client's deadline for an answer: "
+                 "this plus 5 s, after which the connection is replaced (0: none)")
+      ->envname("OUTBOX_PG_STATEMENT_TIMEOUT_MS")
+      ->capture_default_str();
+  app.add_option("--pg-receive-timeout-ms", c.pg_receive_timeout_ms,
+                 "The replication connection is taken for dead after this long without a byte "
+                 "from the server while the relay reads; at half of it the relay asks the "
+                 "server for a reply. Raised to wal_sender_timeout/2 + 5 s when that is longer "
+                 "(a walsender busy decoding answers only then). 0: never")
+      ->envname("OUTBOX_PG_RECEIVE_TIMEOUT_MS")
+      ->capture_default_str();
+  app.add_option("--kafka-delivery-timeout-ms", c.kafka_delivery_timeout_ms,
+                 "Records Kafka has not acknowledged this long after they were produced are "
+                 "given up: the producer is replaced and the transactions are sent again from "
+                 "the slot, never counted as delivered. 0 (the default): wait for ever; a "
+                 "silent broker is still left after --kafka-socket-timeout-ms and the request "
+                 "retried, so nothing stalls for good")
+      ->envname("OUTBOX_KAFKA_DELIVERY_TIMEOUT_MS")
+      ->capture_default_str();
+  app.add_option("--kafka-socket-timeout-ms", c.kafka_socket_timeout_ms,
+                 "librdkafka socket.timeout.ms: a request a broker does not answer within this "
+                 "is failed, the connection closed and the request retried (on the partition's "
+                 "leader at that time)")
+      ->envname("OUTBOX_KAFKA_SOCKET_TIMEOUT_MS")
+      ->capture_default_str();
+  app.add_option("--kafka-connect-timeout-ms", c.kafka_connect_timeout_ms,
+                 "librdkafka socket.connection.setup.timeout.ms: connecting to a broker (TCP, "
+                 "TLS, SASL, ApiVersion) gives up after this")
+      ->envname("OUTBOX_KAFKA_CONNECT_TIMEOUT_MS")
+      ->capture_default_str();
 }
 
 std::vector<std::string> SplitPropertyList(std::string_view text) {
@@ -230,8 +453,79 @@ std::vector<std::string> SplitPropertyList(std::string_view text) {
 
 namespace {
 
-std::unexpected<Error> Bad(std::string_view flag, std::string_view env, std::string_view why) {
-  return Fail(ErrorCode::kInvalidArgument, "invalid setting {} ({}): {}", flag, env, why);
+// --table-mode=watermill: the table lists, pattern and maps, parsed.
+Status ValidateWatermill(RelayConfig& c) {
+  if (c.watermill_discover_interval_s < 1) {
+    return Bad("--watermill-discover-interval-s", "OUTBOX_WATERMILL_DISCOVER_INTERVAL_S",
+               "must be >= 1");
+  }
+  if (c.watermill_join_lock_timeout_ms < 10) {
+    return Bad("--watermill-join-lock-timeout-ms", "OUTBOX_WATERMILL_JOIN_LOCK_TIMEOUT_MS",
+               "must be >= 10");
+  }
+  c.watermill_flags.consumer_group = c.watermill_consumer_group;
+  return ParseWatermillFlags(c.watermill_flags, &c.watermill, &c.watermill_settings);
+}
+
+// The timeouts: ranges libpq, the kernel and librdkafka accept, and a
+// delivery deadline that leaves librdkafka time to retry a request.
+Status ValidateNetwork(RelayConfig& c) {
+  struct Range {
+    const char* flag;
+    const char* env;
+    int64_t value;
+    int64_t min;  // when not 0
+    int64_t max;
+    bool zero_ok;
+  };
+  for (const Range& r : {
+           Range{"--pg-connect-timeout-s", "OUTBOX_PG_CONNECT_TIMEOUT_S", c.pg_connect_timeout_s, 2,
+                 3600, true},
+           Range{"--pg-tcp-user-timeout-ms", "OUTBOX_PG_TCP_USER_TIMEOUT_MS",
+                 c.pg_tcp_user_timeout_ms, 1000, 3600000, true},
+           Range{"--pg-keepalives-idle-s", "OUTBOX_PG_KEEPALIVES_IDLE_S", c.pg_keepalives_idle_s, 1,
+                 32767, true},
+           Range{"--pg-keepalives-interval-s", "OUTBOX_PG_KEEPALIVES_INTERVAL_S",
+                 c.pg_keepalives_interval_s, 1, 32767, true},
+           Range{"--pg-keepalives-count", "OUTBOX_PG_KEEPALIVES_COUNT", c.pg_keepalives_count, 1,
+                 127, true},
+           Range{"--pg-statement-timeout-ms", "OUTBOX_PG_STATEMENT_TIMEOUT_MS",
+                 c.pg_statement_timeout_ms, 100, 86400000, true},
+           Range{"--pg-receive-timeout-ms", "OUTBOX_PG_RECEIVE_TIMEOUT_MS", c.pg_receive_timeout_ms,
+                 1000, 3600000, true},
+           Range{"--kafka-delivery-timeout-ms", "OUTBOX_KAFKA_DELIVERY_TIMEOUT_MS",
+                 c.kafka_delivery_timeout_ms, 1000, 86400000, true},
+           Range{"--kafka-socket-timeout-ms", "OUTBOX_KAFKA_SOCKET_TIMEOUT_MS",
+                 c.kafka_socket_timeout_ms, 10, 300000, false},
+           Range{"--kafka-connect-timeout-ms", "OUTBOX_KAFKA_CONNECT_TIMEOUT_MS",
+                 c.kafka_connect_timeout_ms, 1000, 3600000, false},
+       }) {
+    if (r.value == 0 && r.zero_ok) continue;
+    if (r.value < r.min || r.value > r.max) {
+      return Bad(r.flag, r.env,
+                 fmt::format("{} is out of range: {}{}..{}", r.value, r.zero_ok ? "0 or " : "",
+                             r.min, r.max));
+    }
+  }
+  if (c.pg_receive_timeout_ms > 0 && c.pg_receive_timeout_ms < 2 * c.status_interval_ms) {
+    return Bad("--pg-receive-timeout-ms", "OUTBOX_PG_RECEIVE_TIMEOUT_MS",
+               fmt::format("{} ms is less than two status intervals (--status-interval-ms {}): "
+                           "a reply request needs one to go out and one to come back",
+                           c.pg_receive_timeout_ms, c.status_interval_ms));
+  }
+  if (c.kafka_delivery_timeout_ms > 0 && c.kafka_delivery_timeout_ms < c.kafka_socket_timeout_ms) {
+    return Bad("--kafka-delivery-timeout-ms", "OUTBOX_KAFKA_DELIVERY_TIMEOUT_MS",
+               fmt::format("{} ms is below --kafka-socket-timeout-ms ({} ms): a request to a "
+                           "silent broker could not even be retried once",
+                           c.kafka_delivery_timeout_ms, c.kafka_socket_timeout_ms));
+  }
+  c.pg_network.connect_timeout_s = static_cast<int>(c.pg_connect_timeout_s);
+  c.pg_network.tcp_user_timeout_ms = static_cast<int>(c.pg_tcp_user_timeout_ms);
+  c.pg_network.keepalives_idle_s = static_cast<int>(c.pg_keepalives_idle_s);
+  c.pg_network.keepalives_interval_s = static_cast<int>(c.pg_keepalives_interval_s);
+  c.pg_network.keepalives_count = static_cast<int>(c.pg_keepalives_count);
+  c.pg_network.statement_timeout = std::chrono::milliseconds(c.pg_statement_timeout_ms);
+  return Ok();
 }
 
 }  // namespace
@@ -341,6 +635,22 @@ Status Validate(RelayConfig& c) {
   if (c.row_count_interval_s < 1) {
     return Bad("--row-count-interval-s", "OUTBOX_ROW_COUNT_INTERVAL_S", "must be >= 1");
   }
+  if (c.uuid_in_metadata_flag != "watermill" && c.uuid_in_metadata_flag != "drop") {
+    return Bad("--uuid-in-metadata", "OUTBOX_UUID_IN_METADATA",
+               fmt::format("'{}': watermill or drop", c.uuid_in_metadata_flag));
+  }
+  c.mapper.uuid_in_metadata = c.uuid_in_metadata_flag == "drop"
+                                  ? outbox::UuidInMetadata::kDrop
+                                  : outbox::UuidInMetadata::kWatermill;
+  if (auto st = ValidateWatermill(c); !st) return st;
+  if (c.watermill && c.delivery == DeliveryMode::kExactlyOnce) {
+    // The Watermill tables' progress is the consumer group's offsets in
+    // PostgreSQL, which a Kafka transaction cannot hold.
+    return Bad("--delivery", "OUTBOX_DELIVERY",
+               "exactly-once is not available with --table-mode=watermill (use at-least-once; "
+               "Watermill's consumers deduplicate)");
+  }
+  if (auto st = ValidateNetwork(c); !st) return st;
   // Properties: flags first, then the environment list.
   std::vector<std::string> props = c.kafka_properties;
   if (const char* env = std::getenv("OUTBOX_KAFKA_PROPERTIES")) {
@@ -366,7 +676,13 @@ Status Validate(RelayConfig& c) {
 kafka::ProducerOptions ProducerOptionsOf(const RelayConfig& c) {
   kafka::ProducerOptions opts;
   opts.brokers = c.kafka_brokers;
-  opts.properties = c.kafka_property_pairs;
+  // The timeout flags first: a --kafka-property of the same name wins.
+  opts.properties = {
+      {"socket.timeout.ms", std::to_string(c.kafka_socket_timeout_ms)},
+      {"socket.connection.setup.timeout.ms", std::to_string(c.kafka_connect_timeout_ms)},
+  };
+  opts.properties.insert(opts.properties.end(), c.kafka_property_pairs.begin(),
+                         c.kafka_property_pairs.end());
   opts.create_topics = c.create_topics;
   opts.topic_partitions = static_cast<int>(c.topic_partitions);
   opts.topic_replication_factor = static_cast<int>(c.topic_replication_factor);

@@ -15,6 +15,8 @@
 #include "outbox_relay/pg/publication.h"
 #include "outbox_relay/pg/relay_schema.h"
 #include "outbox_relay/pg/replication.h"
+#include "outbox_relay/pipeline/liveness.h"
+#include "outbox_relay/pipeline/tables.h"
 
 namespace outbox_relay::app {
 
@@ -69,6 +71,21 @@ milliseconds StopGrace(const RelayConfig& config) {
   return milliseconds(config.shutdown_timeout_ms / 2);
 }
 
+// A time setting as SHOW prints it ("60s", "1min", "500ms", "0"); 0 when
+// it is off or unreadable.
+milliseconds ParseTimeSetting(std::string_view text) {
+  int64_t n = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (ec != std::errc() || n <= 0) return milliseconds(0);
+  std::string_view unit(end, static_cast<size_t>(text.data() + text.size() - end));
+  if (unit == "ms" || unit.empty()) return milliseconds(n);  // the setting's own unit
+  if (unit == "s") return std::chrono::seconds(n);
+  if (unit == "min") return std::chrono::minutes(n);
+  if (unit == "h") return std::chrono::hours(n);
+  if (unit == "d") return std::chrono::hours(24 * n);
+  return milliseconds(0);
+}
+
 }  // namespace
 
 Relay::Relay(RelayConfig config)
@@ -77,16 +94,11 @@ Relay::Relay(RelayConfig config)
       // The start position is set by SlotSetup from the slot itself.
       tracker_(std::make_unique<tracking::AckTracker>(kInvalidLsn, config_.mark)) {}
 
-Relay::~Relay() = default;
+Relay::~Relay() { StopWatchdog(); }
 
-Status Relay::Prepare() {
-  auto conn = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kNormal);
-  if (!conn) return std::unexpected(conn.error());
-  spdlog::info("connected to PostgreSQL {} as {}", conn->server_version(), conn->user());
-  if (auto st = ValidateFailoverSlot(config_, *conn); !st) return st;
-
+Status Relay::PrepareSeedTable(pg::Connection& conn) {
   // Fail fast on a table that cannot work, before touching slots.
-  auto table = pg::QueryTable(*conn, config_.table_name);
+  auto table = pg::QueryTable(conn, config_.table_name);
   if (!table) return std::unexpected(table.error());
   if (!table->exists) {
     return Fail(ErrorCode::kInvalidArgument,
@@ -101,7 +113,7 @@ Status Relay::Prepare() {
                 config_.table_name.ToString(), table->relkind);
   }
   std::optional<std::string> params[] = {config_.table_name.Quoted()};
-  auto cols = conn->ExecParams(
+  auto cols = conn.ExecParams(
       "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND "
       "NOT attisdropped",
       params);
@@ -127,23 +139,37 @@ Status Relay::Prepare() {
                 config_.table_name.ToString(), config_.created_at_column);
   }
 
+  return Ok();
+}
+
+Status Relay::Prepare() {
+  auto conn = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kNormal,
+                                   "outbox-relay", config_.pg_network);
+  if (!conn) return std::unexpected(conn.error());
+  spdlog::info("connected to PostgreSQL {} as {}", conn->server_version(), conn->user());
+  if (auto st = ValidateFailoverSlot(config_, *conn); !st) return st;
+
+  if (!config_.watermill) {
+    if (auto st = PrepareSeedTable(*conn); !st) return st;
+  }
   if (auto st = pg::EnsureRelaySchema(*conn); !st) return st;
-  if (auto st = pg::EnsurePublication(*conn, config_.publication, config_.table_name,
-                                      NeededColumns(config_.columns));
-      !st) {
-    return st;
+  if (!config_.watermill) {
+    if (auto st = pg::EnsurePublication(*conn, config_.publication, config_.table_name,
+                                        NeededColumns(config_.columns));
+        !st) {
+      return st;
+    }
   }
 
   // Test-only faults, so the fault tests can show what they would catch.
-  uint64_t fatal_after = 0;
   if (const char* env = std::getenv("OUTBOX_TEST_FAULT")) {
     std::string_view fault(env);
     if (fault == "confirm-newest") {
       spdlog::warn("TEST FAULT confirm-newest: the confirmation rule is broken on purpose");
       tracker_->EnableUnsafeConfirmNewest();
     } else if (fault.starts_with("fatal-after:")) {
-      fatal_after = std::stoull(std::string(fault.substr(12)));
-      spdlog::warn("TEST FAULT: fatal producer error after {} records", fatal_after);
+      fatal_after_ = std::stoull(std::string(fault.substr(12)));
+      spdlog::warn("TEST FAULT: fatal producer error after {} records", fatal_after_);
     }
   }
 
@@ -151,6 +177,10 @@ Status Relay::Prepare() {
   po.table = config_.table_name.ToString();
   po.mapper = config_.mapper;
   po.columns = config_.columns;
+  if (config_.watermill) {
+    po.table = "(watermill tables)";
+    po.columns = pipeline::WatermillColumnNames();
+  }
   po.on_poison = config_.on_poison;
   po.dlq_topic = config_.dlq_topic;
   po.dlq_max_bytes = DeadLetterMaxBytes(config_);
@@ -161,32 +191,28 @@ Status Relay::Prepare() {
   if (!publisher) return std::unexpected(publisher.error());
   publisher_ = std::move(*publisher);
 
-  auto sink = MakeRelaySink();
-  if (!sink) return std::unexpected(sink.error());
-  if (auto* producer = dynamic_cast<kafka::KafkaProducer*>(sink->get())) {
-    // Up to 10 s for a first answer, in slices: a stop request is not held up.
-    Status reached = Fail(ErrorCode::kTransient, "no answer");
-    for (int i = 0; i < 10 && !reached && !stop_->requested(); ++i) {
-      reached = producer->CheckConnection(milliseconds(1000));
-      // Refused credentials or a certificate that does not verify: a setting.
-      if (!reached && reached.error().code == ErrorCode::kInvalidArgument) return reached;
+  if (auto st = AttachSink(); !st) return st;
+
+  if (config_.watermill) {
+    if (config_.mark) {
+      watermill_progress_ = std::make_unique<marker::WatermillProgress>(
+          std::vector<marker::WatermillProgressTable>{}, config_.watermill_settings.consumer_group,
+          tracker_.get());
     }
-    if (!reached) {
-      spdlog::warn("Kafka not reachable yet ({}); records wait in the producer until it is",
-                   reached.error().message);
-    }
-    stats_.kafka_reachable.store(static_cast<bool>(reached));
-    if (fatal_after > 0) {
-      publisher_->InjectFatalAfter(fatal_after,
-                                   [producer] { producer->InjectFatalErrorForTest(); });
-    }
-    if (config_.delivery == DeliveryMode::kExactlyOnce) {
-      if (auto st = PrepareTransactions(producer); !st) return st;
-    }
-  } else {
-    stats_.kafka_reachable.store(true);
+    pipeline::WatermillOptions wo;
+    wo.database_url = config_.database_url;
+    wo.publication = config_.publication;
+    wo.slot = config_.slot;
+    wo.mark = config_.mark;
+    wo.backfill_batch = config_.backfill_batch;
+    wo.max_in_flight = config_.max_in_flight;
+    wo.join_lock_timeout = milliseconds(config_.watermill_join_lock_timeout_ms);
+    wo.discover_interval = std::chrono::seconds(config_.watermill_discover_interval_s);
+    watermill_ = std::make_unique<pipeline::WatermillTables>(
+        config_.watermill_settings, wo, publisher_.get(), tracker_.get(), &stats_, &*stop_,
+        watermill_progress_.get());
+    if (auto st = watermill_->Prepare(*conn); !st) return st;
   }
-  publisher_->AttachSink(std::move(*sink));
 
   if (config_.mark) {
     marker::MarkerOptions mo;
@@ -196,7 +222,12 @@ Status Relay::Prepare() {
     mo.offset_column = config_.columns.offset;
     mo.acked_column = config_.acked_column;
     mo.slot_name = config_.slot;
+    if (config_.watermill) {
+      mo.acked_column.clear();  // no per-row column: the offsets tables instead
+      mo.progress = watermill_progress_.get();
+    }
     mo.batch_max = static_cast<size_t>(config_.marker_batch);
+    mo.network = config_.pg_network;
     marker_ = std::make_unique<marker::Marker>(mo, tracker_.get(), [this](const Error&) {
       metrics_.CountError(metrics::ErrorReason::kDbAck);
       last_marker_error_ns_.store(Clock::now().time_since_epoch().count());
@@ -206,6 +237,8 @@ Status Relay::Prepare() {
 
   pipeline::SlotSetupOptions so;
   so.database_url = config_.database_url;
+  so.replication_database_url = config_.replication_database_url;
+  so.network = config_.pg_network;
   so.slot = config_.slot;
   so.table = config_.table_name;
   so.columns = config_.columns;
@@ -216,9 +249,136 @@ Status Relay::Prepare() {
   so.backfill_batch = config_.backfill_batch;
   so.max_in_flight = config_.max_in_flight;
   so.failover_slot = config_.failover_slot;
+  if (watermill_) {
+    so.backfill_rows = [this](pg::Connection& c, const std::string& snapshot) {
+      return watermill_->Backfill(c, snapshot);
+    };
+  }
   slot_setup_ =
       std::make_unique<pipeline::SlotSetup>(so, publisher_.get(), tracker_.get(), &stats_, &*stop_);
   return Ok();
+}
+
+Status Relay::AttachSink() {
+  auto sink = MakeRelaySink();
+  if (!sink) return std::unexpected(sink.error());
+  if (auto* producer = dynamic_cast<kafka::KafkaProducer*>(sink->get())) {
+    // Up to 10 s for a first answer, in slices: a stop request is not held up.
+    Status reached = Fail(ErrorCode::kTransient, "no answer");
+    for (int i = 0; i < 10 && !reached && !stop_->requested(); ++i) {
+      stats_.Beat();
+      reached = producer->CheckConnection(milliseconds(1000));
+      // Refused credentials or a certificate that does not verify: a setting.
+      if (!reached && reached.error().code == ErrorCode::kInvalidArgument) return reached;
+    }
+    if (!reached) {
+      spdlog::warn("Kafka not reachable yet ({}); records wait in the producer until it is",
+                   reached.error().message);
+    }
+    stats_.kafka_reachable.store(static_cast<bool>(reached));
+    if (fatal_after_ > 0) {
+      publisher_->InjectFatalAfter(fatal_after_,
+                                   [producer] { producer->InjectFatalErrorForTest(); });
+    }
+    if (config_.delivery == DeliveryMode::kExactlyOnce) {
+      if (auto st = PrepareTransactions(producer); !st) return st;
+    }
+  } else {
+    stats_.kafka_reachable.store(true);
+  }
+  publisher_->AttachSink(std::move(*sink));
+  return Ok();
+}
+
+Status Relay::RestartPipeline() {
+  auto t0 = Clock::now();
+  spdlog::warn(
+      "restarting the pipeline: {}. Nothing past {} is confirmed; the Kafka producer is "
+      "replaced and the transactions in flight are sent again from the slot",
+      tracker_->failure().value_or("?"), tracker_->confirmed());
+  // After this no delivery report arrives: the old producer's records are
+  // never counted, whatever the brokers did with them.
+  publisher_->CloseSink();
+  publisher_->DropRefused();
+  // The marker finishes the delivered transactions it holds (as usual, by
+  // primary key); those behind the failed one are marked but not confirmed,
+  // and come again from the slot (marking them again changes nothing).
+  const auto marker_bound = std::max<milliseconds>(
+      milliseconds(60000),
+      2 * (milliseconds(config_.pg_statement_timeout_ms) + pg::Connection::kStatementGrace +
+           std::chrono::seconds(config_.pg_connect_timeout_s)));
+  while (!tracker_->Restart()) {
+    if (stop_->requested()) {
+      return Fail(ErrorCode::kCancelled, "stop requested while restarting the pipeline");
+    }
+    if (Clock::now() - t0 > marker_bound) {
+      return Fail(ErrorCode::kFatal,
+                  "restarting the pipeline: the marker still holds {} delivered transactions "
+                  "after {} s; exiting so that a restart resumes from {}",
+                  tracker_->awaiting_mark(),
+                  std::chrono::duration_cast<std::chrono::seconds>(marker_bound).count(),
+                  tracker_->confirmed());
+    }
+    stats_.Beat();
+    tracker_->WaitForProgress(milliseconds(100));
+  }
+  if (auto st = AttachSink(); !st) return st;
+  stats_.pipeline_restarts.fetch_add(1);
+  spdlog::info("pipeline restarted in {} ms: streaming again from {}",
+               std::chrono::duration_cast<milliseconds>(Clock::now() - t0).count(),
+               tracker_->confirmed());
+  return Ok();
+}
+
+void Relay::StartWatchdog() {
+  if (config_.kafka_delivery_timeout_ms <= 0 || watchdog_.joinable()) return;
+  const milliseconds timeout(config_.kafka_delivery_timeout_ms);
+  // Checked four times per timeout (at most every second): a transaction is
+  // given up at most a quarter of the timeout late.
+  const milliseconds period = std::min(milliseconds(1000), timeout / 4);
+  watchdog_ = std::thread([this, timeout, period] {
+    std::unique_lock lock(watchdog_mu_);
+    while (!watchdog_cv_.wait_for(lock, period, [this] { return watchdog_stop_; })) {
+      if (auto why = tracker_->ExpireOverdue(Clock::now(), timeout)) {
+        spdlog::warn("kafka: {} (--kafka-delivery-timeout-ms {}): giving them up", *why,
+                     timeout.count());
+      }
+    }
+  });
+}
+
+void Relay::StopWatchdog() {
+  {
+    std::lock_guard lock(watchdog_mu_);
+    watchdog_stop_ = true;
+  }
+  watchdog_cv_.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
+}
+
+void Relay::TerminateStaleWalsender(pg::Connection& admin, const pg::SlotInfo& slot) {
+  if (!slot.active || !slot.active_pid || last_walsender_pid_ == 0 ||
+      *slot.active_pid != last_walsender_pid_) {
+    return;
+  }
+  // It is ours (the pid of the connection we closed): its peer is gone, and
+  // the server would keep it until wal_sender_timeout or TCP says so. Our own
+  // role may terminate its own backends.
+  spdlog::warn(
+      "slot {} is still held by walsender pid {}, this relay's previous replication "
+      "connection, which the server has not found dead yet: terminating it",
+      config_.slot, last_walsender_pid_);
+  std::optional<std::string> params[] = {std::to_string(last_walsender_pid_)};
+  if (auto r = admin.ExecParams("SELECT pg_terminate_backend($1::int)", params); !r) {
+    spdlog::warn("cannot terminate walsender {}: {}; waiting for the server to end it",
+                 last_walsender_pid_, r.error().message);
+    return;
+  }
+  for (int i = 0; i < 50; ++i) {
+    auto now = pg::QuerySlot(admin, config_.slot);
+    if (!now || !now->active || now->active_pid != slot.active_pid) return;
+    std::this_thread::sleep_for(milliseconds(100));
+  }
 }
 
 int Relay::Run(const std::atomic<bool>& stop) {
@@ -242,16 +402,34 @@ int Relay::Run(const std::atomic<bool>& stop) {
     milliseconds wait = Backoff(attempt);
     spdlog::warn("setup: {} (retrying in {} ms)", st.error().message, wait.count());
     slot_setup_.reset();
+    watermill_.reset();
     marker_.reset();
+    watermill_progress_.reset();
     publisher_.reset();
     SleepUnlessStopped(wait, stop, stats_);
   }
+  StartWatchdog();
 
   int attempt = 0;
+  // Kafka did not acknowledge in time (the tracker's failure is retryable):
+  // restart the pipeline, or stop when even that fails.
+  auto restart_pipeline = [&](pipeline::StreamSession* live) -> std::optional<int> {
+    if (auto st = RestartPipeline(); !st) {
+      if (st.error().code == ErrorCode::kCancelled) return Shutdown(live, true);
+      spdlog::error("{}", st.error().message);
+      return Shutdown(live, true);
+    }
+    SleepUnlessStopped(Backoff(attempt++), stop, stats_);
+    return std::nullopt;
+  };
   while (true) {
     if (stop.load()) return Shutdown(nullptr, false);
     if (need_slot_setup_) {
       auto st = slot_setup_->Run();
+      if (!st && tracker_->failure_retryable() && !stop.load()) {
+        if (auto code = restart_pipeline(nullptr)) return *code;
+        continue;
+      }
       if (!st) {
         if (st.error().code == ErrorCode::kCancelled) return Shutdown(nullptr, false);
         if (DispositionOf(st.error()) != Disposition::kRetry) {
@@ -276,15 +454,58 @@ int Relay::Run(const std::atomic<bool>& stop) {
       slot_setup_->Recovered();
     }
 
+    if (watermill_) {
+      // Tables that joined meanwhile, their catch-ups, the group's positions.
+      auto st = watermill_->BeforeStream();
+      if (st && stop.load()) return Shutdown(nullptr, false);
+      if (!st) {
+        if (DispositionOf(st.error()) != Disposition::kRetry) {
+          spdlog::error("{}", st.error().message);
+          Shutdown(nullptr, true);
+          return ExitCodeOf(st.error());
+        }
+        if (st.error().code == ErrorCode::kSlotInUse) {
+          if (!stats_.standby.exchange(true)) {
+            spdlog::info("standby: {}; waiting to take over", st.error().message);
+          }
+          SleepUnlessStopped(milliseconds(2000), stop, stats_);
+        } else {
+          milliseconds wait = Backoff(attempt++);
+          spdlog::warn("watermill tables: {} (retrying in {} ms)", st.error().message,
+                       wait.count());
+          SleepUnlessStopped(wait, stop, stats_);
+        }
+        continue;
+      }
+      watermill_->StartDiscovery();
+    }
+
     std::optional<pipeline::PgSource> source;
     std::optional<pipeline::StreamSession> session;
     Status st = Stream(&session, &source);
     if (st) return Shutdown(&*session, false);
     const Error err = st.error();
     pipeline::StreamSession* live = session ? &*session : nullptr;
+    if (tracker_->failure_retryable() && !stop.load()) {
+      // The open transaction was abandoned by Stream; the connection goes
+      // first, so the server resends from the confirmed position.
+      session.reset();
+      source.reset();
+      stats_.reconnects.fetch_add(1);
+      if (auto code = restart_pipeline(nullptr)) return *code;
+      continue;
+    }
     if (err.code == ErrorCode::kCancelled) {
       spdlog::info("{}", err.message);
       return Shutdown(live, false);
+    }
+    if (watermill_ && err.code == ErrorCode::kTransient && watermill_->end_requested()->load()) {
+      // Asked for: tables join the publication before the next session.
+      spdlog::info("stream ended to let watermill tables join ({})", err.message);
+      session.reset();
+      source.reset();
+      Drain(milliseconds(5000));
+      continue;
     }
     if (err.code == ErrorCode::kSlotLost &&
         config_.on_slot_lost == pipeline::OnSlotLost::kReconcile) {
@@ -471,23 +692,46 @@ Status Relay::Stream(std::optional<pipeline::StreamSession>* session,
                      std::optional<pipeline::PgSource>* source) {
   // Start from what the slot itself says if that is further than what we
   // confirmed (another instance may have held it meanwhile).
-  if (auto admin = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kNormal)) {
+  if (auto admin = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kNormal,
+                                        "outbox-relay", config_.pg_network)) {
     if (auto slot = pg::QuerySlot(*admin, config_.slot); slot && slot->exists) {
       tracker_->RaiseConfirmed(slot->confirmed_flush_lsn);
+      TerminateStaleWalsender(*admin, *slot);
     }
   }
-  auto conn = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kReplication);
+  auto conn = pg::Connection::Open(config_.replication_url(), pg::Connection::Mode::kReplication,
+                                   "outbox-relay", config_.pg_network);
   if (!conn) return std::unexpected(conn.error());
   if (auto st = FollowPromotion(*conn); !st) return st;
+  // Silence is judged against the server's own patience (Liveness).
+  milliseconds wal_sender_timeout(0);
+  if (auto shown = conn->Exec("SHOW wal_sender_timeout")) {
+    wal_sender_timeout = ParseTimeSetting(pg::GetValue(shown->get(), 0, 0).value_or("0"));
+  }
   auto stream = pg::ReplicationStream::Start(std::move(*conn), config_.slot, config_.publication,
                                              tracker_->confirmed());
   if (!stream) return std::unexpected(stream.error());
+  last_walsender_pid_ = stream->backend_pid();
   if (stats_.standby.exchange(false)) spdlog::info("slot {} is free: taking over", config_.slot);
-  spdlog::info("streaming from slot {} at {}", config_.slot, tracker_->confirmed());
-  source->emplace(std::move(*stream));
   pipeline::SessionOptions so;
+  so.receive_timeout = pipeline::Liveness::ForServer(milliseconds(config_.pg_receive_timeout_ms),
+                                                     wal_sender_timeout);
+  spdlog::info("streaming from slot {} at {} (walsender pid {}; silent after {} ms)", config_.slot,
+               tracker_->confirmed(), last_walsender_pid_, so.receive_timeout.count());
+  source->emplace(std::move(*stream));
   so.table = config_.table_name;
   so.columns = config_.columns;
+  if (watermill_) {
+    so.tables = watermill_->tables();
+    so.processed = watermill_->positions();
+    so.end_requested = watermill_->end_requested();
+    so.selects = [this](std::string_view schema, std::string_view name) {
+      if (!config_.watermill_settings.Selects(schema, name)) return false;
+      watermill_->RequestEnd();
+      return true;
+    };
+    if (watermill_progress_) watermill_progress_->SetStreaming(true);
+  }
   so.status_interval = milliseconds(config_.status_interval_ms);
   so.stop_grace = StopGrace(config_);
   session->emplace(so, &**source, publisher_.get(), tracker_.get(), &stats_, &*stop_,
@@ -562,6 +806,8 @@ void Relay::RefreshMetrics() {
   metrics_.reconnects().Increment(delta(stats_.reconnects, counted_.reconnects));
   metrics_.slot_lost().Increment(delta(stats_.slot_lost, counted_.slot_lost));
   metrics_.backfilled().Increment(delta(stats_.backfilled, counted_.backfilled));
+  metrics_.pipeline_restarts().Increment(
+      delta(stats_.pipeline_restarts, counted_.pipeline_restarts));
   metrics_.CountDeadLetter(delta(stats_.dead_lettered, counted_.dead_lettered));
   metrics_.heartbeat().Set(static_cast<double>(stats_.heartbeat_unix_micros.load()) / 1e6);
   metrics_.standby().Set(stats_.standby.load() ? 1 : 0);
@@ -599,6 +845,7 @@ int Relay::Shutdown(pipeline::StreamSession* session, bool failed) {
       }
     }
   }
+  if (watermill_) watermill_->StopDiscovery();
   if (marker_) marker_->Stop(remaining());
   if (session != nullptr) {
     // The final word: everything confirmed, so the next start sends nothing twice.

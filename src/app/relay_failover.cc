@@ -59,7 +59,8 @@ Status Relay::FollowPromotion(pg::Connection& replication_conn) {
                 "before resuming on the new primary",
                 tracker_->rows_in_flight());
   }
-  auto admin = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kNormal);
+  auto admin = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kNormal,
+                                    "outbox-relay", config_.pg_network);
   if (!admin) return std::unexpected(admin.error());
   auto slot = pg::QuerySlot(*admin, config_.slot);
   if (!slot) return std::unexpected(slot.error());

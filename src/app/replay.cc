@@ -517,6 +517,15 @@ Status ValidateReplay(ReplayConfig& c) {
   Status st = Validate(c.relay);
   c.relay.sink_flag = sink;
   if (!st) return st;
+  if (c.relay.watermill) {
+    // The commit index holds the transactions' xids, but replay reads and
+    // maps rows of the seed table only.
+    return BadSetting("--table-mode", "OUTBOX_TABLE_MODE",
+                      "replay re-publishes rows of the seed table only; with watermill-sql's "
+                      "tables, stop the relay, move the consumer group's position back in the "
+                      "offsets table and drop the slot (`slot drop --confirm`): the next start "
+                      "publishes every row after the position (docs/migration.md)");
+  }
 
   const bool by_lsn = !c.from_lsn.empty();
   c.by_time = !c.from_time.empty();

@@ -2,12 +2,62 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <optional>
 
 #include "outbox_relay/pg/connection.h"
 #include "outbox_relay/pg/replication.h"
+#include "outbox_relay/pipeline/watermill.h"
 
 namespace outbox_relay::app {
+
+namespace {
+
+struct RowCounts {
+  double acked = 0;
+  double pending = 0;
+  double lag_seconds = 0;
+};
+
+// watermill mode: per table, the rows at or before the consumer group's
+// position are "acked" (processed, as watermill-sql's subscriber counts
+// them), the rest pending; the lag is the oldest pending created_at (a
+// TIMESTAMP without time zone, read in this session's TimeZone).
+Result<RowCounts> WatermillCounts(pg::Connection& conn, const RelayConfig& config, bool counts) {
+  auto resolved = pipeline::ResolveWatermillTables(conn, config.watermill_settings);
+  if (!resolved) return std::unexpected(resolved.error());
+  auto positions = pipeline::ReadWatermillPositions(conn, resolved->tables,
+                                                    config.watermill_settings.consumer_group);
+  if (!positions) return std::unexpected(positions.error());
+  RowCounts out;
+  for (const pipeline::OutboxTable& t : resolved->tables) {
+    outbox::TablePosition p{0, INT64_MIN};
+    if (auto it = positions->find(t.name.ToString()); it != positions->end()) p = it->second;
+    std::optional<std::string> params[] = {std::to_string(p.transaction_id),
+                                           std::to_string(p.offset)};
+    const std::string pending = "(transaction_id, \"offset\") > ($1::xid8, $2::bigint)";
+    std::string sql =
+        counts ? fmt::format(
+                     "SELECT count(*) FILTER (WHERE NOT ({p})), count(*) FILTER (WHERE {p}) "
+                     "FROM {t}",
+                     fmt::arg("p", pending), fmt::arg("t", t.name.Quoted()))
+               : fmt::format(
+                     "SELECT 0, 0, COALESCE(EXTRACT(EPOCH FROM now() - "
+                     "min(created_at::timestamptz)), 0) FROM {t} WHERE {p}",
+                     fmt::arg("p", pending), fmt::arg("t", t.name.Quoted()));
+    auto res = conn.ExecParams(sql, params);
+    if (!res) return std::unexpected(res.error());
+    out.acked += std::stod(std::string(pg::GetValue(res->get(), 0, 0).value_or("0")));
+    out.pending += std::stod(std::string(pg::GetValue(res->get(), 0, 1).value_or("0")));
+    if (!counts) {
+      out.lag_seconds = std::max(
+          out.lag_seconds, std::stod(std::string(pg::GetValue(res->get(), 0, 2).value_or("0"))));
+    }
+  }
+  return out;
+}
+
+}  // namespace
 
 Sampler::Sampler(const RelayConfig& config, metrics::Metrics* metrics)
     : config_(config), metrics_(metrics) {}
@@ -49,8 +99,14 @@ void Sampler::Loop() {
       if (stop_) return;
     }
     if (!conn) {
+      // The row counts read the whole table: a longer statement timeout.
+      pg::NetworkOptions network = config_.pg_network;
+      if (network.statement_timeout.count() > 0) {
+        network.statement_timeout =
+            std::max<std::chrono::milliseconds>(network.statement_timeout, std::chrono::minutes(2));
+      }
       auto c = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kNormal,
-                                    "outbox-relay-metrics");
+                                    "outbox-relay-metrics", network);
       if (!c) {
         metrics_->CountError(metrics::ErrorReason::kDbRead);
         spdlog::debug("metrics sampler: {}", c.error().message);
@@ -64,7 +120,16 @@ void Sampler::Loop() {
     bool failed = false;
     bool counts_due = now >= next_counts;
     if (counts_due) next_counts = now + std::chrono::seconds(config_.row_count_interval_s);
-    if (config_.mark && counts_due) {
+    if (config_.mark && counts_due && config_.watermill) {
+      if (auto c = WatermillCounts(*conn, config_, true)) {
+        metrics_->rows_acked().Set(c->acked);
+        metrics_->rows_pending().Set(c->pending);
+        metrics_->rows_unacked().Set(c->pending);
+      } else {
+        failed = true;
+        spdlog::warn("metrics sampler: {}", c.error().message);
+      }
+    } else if (config_.mark && counts_due) {
       if (auto res = conn->Exec(counts_sql)) {
         double acked_rows = std::stod(std::string(*pg::GetValue(res->get(), 0, 0)));
         double unacked_rows = std::stod(std::string(*pg::GetValue(res->get(), 0, 1)));
@@ -79,7 +144,13 @@ void Sampler::Loop() {
     if (now >= next_lag) {
       // Lag and slot every 10 s, or as often as the row counts when those are more frequent.
       next_lag = now + std::chrono::seconds(std::min<int64_t>(10, config_.row_count_interval_s));
-      if (config_.mark && !config_.created_at_column.empty()) {
+      if (config_.mark && config_.watermill) {
+        if (auto c = WatermillCounts(*conn, config_, false)) {
+          metrics_->lag_seconds().Set(c->lag_seconds);
+        } else {
+          failed = true;
+        }
+      } else if (config_.mark && !config_.created_at_column.empty()) {
         if (auto res = conn->Exec(lag_sql)) {
           metrics_->lag_seconds().Set(std::stod(std::string(*pg::GetValue(res->get(), 0, 0))));
         } else {

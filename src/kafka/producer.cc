@@ -25,6 +25,16 @@ Status CheckGuarantee(const std::string& key, const std::string& value) {
                 "depends on the idempotent producer)",
                 value);
   }
+  if ((key == "message.timeout.ms" || key == "delivery.timeout.ms") && value != "0") {
+    // librdkafka skips a record that times out while queued and sends the
+    // ones after it (INTRODUCTION.md, "Message timeout considerations"):
+    // re-sent from the slot, the skipped one then lands after its successors.
+    return Fail(ErrorCode::kInvalidArgument,
+                "kafka property {}={}: must stay 0 (librdkafka would skip a timed-out record and "
+                "deliver the ones after it, out of order); set --kafka-delivery-timeout-ms "
+                "(OUTBOX_KAFKA_DELIVERY_TIMEOUT_MS) instead",
+                key, value);
+  }
   if ((key == "acks" || key == "request.required.acks") && value != "all" && value != "-1") {
     return Fail(ErrorCode::kInvalidArgument,
                 "kafka property {}={}: must be all (-1), anything less can lose acknowledged "
@@ -96,8 +106,11 @@ Result<std::map<std::string, std::string>> ProducerConfig(const ProducerOptions&
       {"client.id", "outbox-relay"},
       {"enable.idempotence", "true"},
       {"acks", "all"},
-      // Never give up on a record because of time: it is acknowledged or the
-      // producer fails fatally and the relay stops without confirming it.
+      // librdkafka never gives up on a record because of time: it is
+      // acknowledged or the producer fails fatally. Time limits are the
+      // relay's (--kafka-delivery-timeout-ms): it replaces the whole producer
+      // and sends the transactions again from the slot, so no later record
+      // of a partition overtakes one that timed out.
       {"message.timeout.ms", "0"},
       {"linger.ms", "5"},
       {"partitioner", "fnv1a_random"},  // = Sarama's hash partitioner (the Go forwarder)

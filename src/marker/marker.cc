@@ -28,16 +28,25 @@ std::string Marker::MarkSql(const MarkerOptions& o) {
   // a synchronous standby. An UPDATE in that window matches nothing. So only
   // the transactions visible in this statement's snapshot are marked and
   // indexed; the others come back in the last column and are retried.
+  // No acked column (watermill-sql's tables): the commit index only.
+  const std::string marked = o.acked_column.empty()
+                                 ? std::string("SELECT 1 WHERE false")
+                                 : fmt::format(
+                                       "UPDATE {table} o SET {acked} = o.{offset} FROM runs r"
+                                       " WHERE o.{xid} = r.x AND o.{offset} BETWEEN r.first AND "
+                                       "r.last AND o.{acked} IS NULL"
+                                       " AND r.x IN (SELECT x FROM visible) RETURNING 1",
+                                       fmt::arg("table", o.table.Quoted()),
+                                       fmt::arg("acked", pg::QuoteIdent(o.acked_column)),
+                                       fmt::arg("offset", pg::QuoteIdent(o.offset_column)),
+                                       fmt::arg("xid", pg::QuoteIdent(o.transaction_id_column)));
   return fmt::format(
       "WITH runs AS (SELECT * FROM unnest($1::xid8[], $2::bigint[], $3::bigint[])"
       " AS r(x, first, last)"
       "), batch AS (SELECT DISTINCT x FROM runs"
       "), visible AS ("
       " SELECT x FROM batch WHERE pg_visible_in_snapshot(x, pg_current_snapshot())"
-      "), marked AS ("
-      " UPDATE {table} o SET {acked} = o.{offset} FROM runs r"
-      " WHERE o.{xid} = r.x AND o.{offset} BETWEEN r.first AND r.last AND o.{acked} IS NULL"
-      " AND r.x IN (SELECT x FROM visible) RETURNING 1"
+      "), marked AS ({marked}"
       "), indexed AS ("
       " INSERT INTO outbox_relay.commits"
       " (slot_name, commit_lsn, end_lsn, transaction_ids, commit_time, row_count)"
@@ -51,21 +60,15 @@ std::string Marker::MarkSql(const MarkerOptions& o) {
       " ON CONFLICT (slot_name, commit_lsn) DO NOTHING RETURNING 1"
       ") SELECT (SELECT count(*) FROM marked), (SELECT count(*) FROM indexed),"
       " ARRAY(SELECT x FROM batch EXCEPT SELECT x FROM visible)::text",
-      fmt::arg("table", o.table.Quoted()), fmt::arg("acked", pg::QuoteIdent(o.acked_column)),
-      fmt::arg("offset", pg::QuoteIdent(o.offset_column)),
-      fmt::arg("xid", pg::QuoteIdent(o.transaction_id_column)));
+      fmt::arg("marked", marked));
 }
 
 Status Marker::Connect() {
   conn_.reset();
   auto conn = pg::Connection::Open(options_.database_url, pg::Connection::Mode::kNormal,
-                                   "outbox-relay-marker");
+                                   "outbox-relay-marker", options_.network);
   if (!conn) return std::unexpected(conn.error());
-  std::string sql = MarkSql(options_);
-  pg::ResultHandle res(PQprepare(conn->get(), kStatementName, sql.c_str(), 9, nullptr));
-  if (!res || PQresultStatus(res.get()) != PGRES_COMMAND_OK) {
-    return std::unexpected(pg::ErrorFromResult(res.get(), conn->get(), "prepare marking"));
-  }
+  if (auto st = conn->Prepare(kStatementName, MarkSql(options_), 9); !st) return st;
   conn_.emplace(std::move(*conn));
   return Ok();
 }
@@ -104,6 +107,12 @@ void Marker::Loop() {
     auto wait = batch.empty() ? std::chrono::milliseconds(50) : std::chrono::milliseconds(2);
     tracker_->TakeDelivered(&batch, std::max(options_.batch_max, batch.size()), wait);
     if (batch.empty()) {
+      if (options_.progress != nullptr && (conn_ || Connect())) {
+        if (auto st = options_.progress->Idle(*conn_); !st) {
+          spdlog::warn("marker: {}", st.error().message);
+          conn_.reset();
+        }
+      }
       if (stopping_.load()) return;
       continue;
     }
@@ -112,6 +121,7 @@ void Marker::Loop() {
       not_visible.clear();
       Status st = conn_ ? Ok() : Connect();
       if (st) st = MarkBatch(batch, &marked, &not_visible);
+      if (st && options_.progress != nullptr) st = options_.progress->AfterMark(*conn_);
       if (st) break;
       errors_.fetch_add(1);
       if (on_error_) on_error_(st.error());
@@ -194,11 +204,13 @@ Status Marker::MarkBatch(const std::vector<tracking::Transaction*>& batch,
   const char* values[9] = {run_xids_.c_str(),          run_firsts_.c_str(),  run_lasts_.c_str(),
                            options_.slot_name.c_str(), commit_lsns_.c_str(), end_lsns_.c_str(),
                            tx_xids_.c_str(),           times_.c_str(),       counts_.c_str()};
-  pg::ResultHandle res(
-      PQexecPrepared(conn_->get(), kStatementName, 9, values, nullptr, nullptr, 0));
-  if (!res || PQresultStatus(res.get()) != PGRES_TUPLES_OK) {
-    return std::unexpected(pg::ErrorFromResult(res.get(), conn_->get(), "mark delivered rows"));
+  auto marked_rows = conn_->ExecPrepared(kStatementName, values);
+  if (!marked_rows) {
+    Error e = marked_rows.error();
+    e.message = "mark delivered rows: " + e.message;
+    return std::unexpected(std::move(e));
   }
+  const pg::ResultHandle& res = *marked_rows;
   uint64_t rows = 0;
   if (auto v = pg::GetValue(res.get(), 0, 0)) rows = std::stoull(std::string(*v));
   // "{12,15}": the transaction ids not visible yet.

@@ -135,6 +135,14 @@ Metrics::Metrics(std::string service)
                         "(exactly-once delivery: marked, not produced again)")
                   .Register(reg)
                   .Add(svc);
+  pipeline_restarts_ = &BuildCounter()
+                            .Name("outbox_relay_pipeline_restarts_total")
+                            .Help(
+                                "Times Kafka did not acknowledge records within "
+                                "--kafka-delivery-timeout-ms: the producer was replaced and "
+                                "the transactions sent again from the slot")
+                            .Register(reg)
+                            .Add(svc);
 }
 
 void Metrics::ObservePublish(std::string_view topic, std::string_view event_type, double seconds,

@@ -3,7 +3,9 @@
 // Contract (record.h): the input is what Go's json.Marshal(map[string]string)
 // writes. Keys and values are fully unescaped; entries are sorted byte-wise
 // by key and unique (last duplicate wins); a JSON null value is "". SQL NULL
-// or a `null` document means no entries. Anything else is kPoison.
+// or a `null` document means no entries. Anything else is kPoison. Unpaired
+// surrogate escapes, which PostgreSQL's json type accepts and simdjson does
+// not, are rewritten to \ufffd in the padded copy first, as Go decodes them.
 //
 // Why simdjson's DOM API rather than On-Demand: DOM validates the whole
 // document (structure, UTF-8, escapes, trailing content) before we look at a
@@ -23,7 +25,9 @@
 #include <memory>
 #include <utility>
 
+#include "json_type.h"
 #include "outbox_relay/outbox/record.h"
+#include "outbox_relay/outbox/watermill.h"
 #include "text.h"
 
 namespace outbox_relay::outbox {
@@ -37,27 +41,6 @@ inline bool KeyLess(std::string_view a, std::string_view b) {
     return static_cast<unsigned char>(a[0]) < static_cast<unsigned char>(b[0]);
   }
   return a < b;
-}
-
-std::string_view DescribeType(simdjson::dom::element_type type) {
-  using T = simdjson::dom::element_type;
-  switch (type) {
-    case T::ARRAY:
-      return "an array";
-    case T::OBJECT:
-      return "an object";
-    case T::INT64:
-    case T::UINT64:
-    case T::DOUBLE:
-      return "a number";
-    case T::STRING:
-      return "a string";
-    case T::BOOL:
-      return "a boolean";
-    case T::NULL_VALUE:
-      return "null";
-  }
-  return "an unknown JSON type";
 }
 
 }  // namespace
@@ -144,6 +127,8 @@ Status Metadata::Parse(std::optional<std::string_view> json) {
     im.input_capacity = capacity;
   }
   if (!json->empty()) std::memcpy(im.input.get(), json->data(), json->size());
+  // Go decodes an unpaired surrogate escape as U+FFFD; simdjson rejects it.
+  ReplaceLoneSurrogateEscapes(im.input.get(), json->size());
 
   simdjson::dom::element root;
   if (auto err =

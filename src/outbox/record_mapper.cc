@@ -19,18 +19,30 @@
 //     (an unchanged-TOAST marker, too few columns). Nothing can mark or
 //     dead-letter such a row, so the caller stops.
 //
+// Watermill tables (ColumnMap::kind, watermill.h):
+//   kWatermill: topic = the table's topic, uuid and metadata from their
+//               columns, value = payload; key null, or
+//               metadata[watermill_key_field] ("" when absent)
+//   kForwarder: topic, uuid, metadata and value from the payload column's
+//               envelope; the row's own uuid and metadata are the wrapper's
+//               and are not published
+//   both:       headers = _watermill_message_uuid, then the metadata sorted;
+//               rows at or before ColumnMap::processed are already_processed
+//
 // Steady state does not allocate: the record's header vector, the topic and
 // LSN strings and the metadata's storage are members reused row after row.
 #include <charconv>
 #include <iterator>
 
 #include "outbox_relay/outbox/record.h"
+#include "outbox_relay/outbox/watermill.h"
 
 namespace outbox_relay::outbox {
 
 namespace {
 
 constexpr std::string_view kEventTypeKey = "Event-Type";
+constexpr std::string_view kEventNameKey = "name";  // Watermill CQRS's event name
 
 using pgoutput::TupleValue;
 
@@ -168,6 +180,111 @@ RecordMapper::RecordMapper(MapperOptions options, TopicTemplate tmpl)
   lsn_text_.reserve(17);  // "FFFFFFFF/FFFFFFFF"
 }
 
+RecordMapper::RecordMapper(RecordMapper&&) noexcept = default;
+RecordMapper& RecordMapper::operator=(RecordMapper&&) noexcept = default;
+RecordMapper::~RecordMapper() = default;
+
+void RecordMapper::AddCommitLsnHeader(Lsn commit_lsn) {
+  if (options_.commit_lsn_header.empty()) return;
+  lsn_text_.clear();
+  fmt::format_to(std::back_inserter(lsn_text_), "{}", commit_lsn);
+  record_.headers.emplace_back(options_.commit_lsn_header, lsn_text_);
+}
+
+bool RecordMapper::FillHeaders(std::string_view uuid, const Metadata& metadata, Mapped* mapped) {
+  auto& headers = record_.headers;
+  headers.clear();
+  headers.emplace_back(kUuidHeader, uuid);
+  for (const auto& entry : metadata.entries()) {
+    if (entry.first == kUuidHeader) {
+      // watermill-kafka's marshaler refuses a message whose metadata sets
+      // the UUID; an empty one it sends as a second UUID header.
+      if (!entry.second.empty()) {
+        mapped->poison =
+            Error{ErrorCode::kPoison,
+                  fmt::format("metadata key \"{}\" is reserved for the message UUID", kUuidHeader)};
+        return false;
+      }
+      if (options_.uuid_in_metadata == UuidInMetadata::kDrop) continue;
+    }
+    headers.push_back(entry);
+  }
+  return true;
+}
+
+void RecordMapper::MapWatermill(const ColumnMap& columns, const TupleValue& uuid_value,
+                                const TupleValue& payload, const TupleValue& metadata_value,
+                                Lsn commit_lsn, Mapped* mapped) {
+  const bool text_uuid = uuid_value.kind == TupleValue::Kind::kText;
+  if (text_uuid) mapped->identity.uuid = uuid_value.text;
+  std::string_view uuid;
+  std::optional<std::string_view> value;
+  const Metadata* metadata = &metadata_;
+  auto payload_bytes = [&](std::string_view* out) -> bool {
+    *out = payload.text;
+    if (!columns.payload_is_bytea) return true;
+    if (auto st = DecodeByteaText(payload.text, &payload_bytes_); !st) {
+      mapped->poison = std::move(st.error());
+      return false;
+    }
+    *out = payload_bytes_;
+    return true;
+  };
+
+  if (columns.kind == TableKind::kWatermill) {
+    if (!text_uuid) {
+      mapped->poison = Error{ErrorCode::kPoison, "the uuid column is NULL"};
+      return;
+    }
+    uuid = uuid_value.text;  // may be empty: Watermill publishes it so
+    if (auto st = metadata_.Parse(metadata_value.kind == TupleValue::Kind::kText
+                                      ? std::optional<std::string_view>(metadata_value.text)
+                                      : std::nullopt);
+        !st) {
+      mapped->poison = std::move(st.error());
+      return;
+    }
+    topic_.assign(columns.topic);
+    if (payload.kind == TupleValue::Kind::kText) {
+      std::string_view bytes;
+      if (!payload_bytes(&bytes)) return;
+      value = bytes;
+    }
+  } else {
+    // The forwarder table: the payload column holds the envelope.
+    if (payload.kind != TupleValue::Kind::kText) {
+      mapped->poison =
+          Error{ErrorCode::kPoison, "the forwarder envelope (the payload column) is NULL"};
+      return;
+    }
+    std::string_view text;
+    if (!payload_bytes(&text)) return;
+    if (!envelope_) envelope_ = std::make_unique<Envelope>();
+    if (auto st = envelope_->Parse(text); !st) {
+      mapped->poison =
+          Error{ErrorCode::kPoison, fmt::format("forwarder envelope: {}", st.error().message)};
+      return;
+    }
+    topic_.assign(envelope_->destination_topic());
+    uuid = envelope_->uuid();
+    value = envelope_->payload();
+    metadata = &envelope_->metadata();
+  }
+
+  std::optional<std::string_view> key;
+  if (!options_.watermill_key_field.empty()) {
+    key = metadata->Get(options_.watermill_key_field).value_or(std::string_view(""));
+  }
+  record_.topic = topic_;
+  record_.key = key;
+  record_.value = value;
+  record_.event_type = metadata->Get(kEventTypeKey)
+                           .value_or(metadata->Get(kEventNameKey).value_or(std::string_view()));
+  if (!FillHeaders(uuid, *metadata, mapped)) return;
+  AddCommitLsnHeader(commit_lsn);
+  mapped->record = &record_;
+}
+
 Result<Mapped> RecordMapper::Map(const ColumnMap& columns, const pgoutput::TupleData& row,
                                  Lsn commit_lsn) {
   // Everything that makes the row unidentifiable or the stream suspect comes
@@ -201,6 +318,14 @@ Result<Mapped> RecordMapper::Map(const ColumnMap& columns, const pgoutput::Tuple
   mapped.identity.offset = *offset;
 
   // From here on the row is identified: whatever is wrong with it is poison.
+  if (columns.kind != TableKind::kSeed) {
+    if (columns.processed && TablePosition{*xid, *offset} <= *columns.processed) {
+      mapped.already_processed = true;
+      return mapped;
+    }
+    MapWatermill(columns, **uuid_col, **payload_col, **metadata_col, commit_lsn, &mapped);
+    return mapped;
+  }
   const TupleValue& uuid = **uuid_col;
   if (uuid.kind == TupleValue::Kind::kNull) {
     mapped.poison = Error{ErrorCode::kPoison, "the uuid column is NULL"};
@@ -267,22 +392,21 @@ Result<Mapped> RecordMapper::Map(const ColumnMap& columns, const pgoutput::Tuple
     }
     if (entry.first == kUuidHeader) {
       // watermill-kafka's marshaler refuses a message whose metadata sets the
-      // UUID header; so do we. An empty one is dropped rather than sent as a
-      // second UUID header that consumers would read as the message's UUID.
-      if (entry.second.empty()) continue;
-      mapped.poison =
-          Error{ErrorCode::kPoison,
-                fmt::format("metadata key \"{}\" is reserved for the message UUID", kUuidHeader)};
-      return mapped;
+      // UUID header; so do we. An empty one it sends as a second UUID header,
+      // which its consumers then read as the message's UUID: so do we, unless
+      // told to drop it (UuidInMetadata).
+      if (!entry.second.empty()) {
+        mapped.poison =
+            Error{ErrorCode::kPoison,
+                  fmt::format("metadata key \"{}\" is reserved for the message UUID", kUuidHeader)};
+        return mapped;
+      }
+      if (options_.uuid_in_metadata == UuidInMetadata::kDrop) continue;
     }
     headers.push_back(entry);
   }
   if (partition_key_pending) headers.emplace_back(kPartitionKeyHeader, *key);
-  if (!options_.commit_lsn_header.empty()) {
-    lsn_text_.clear();
-    fmt::format_to(std::back_inserter(lsn_text_), "{}", commit_lsn);
-    headers.emplace_back(options_.commit_lsn_header, lsn_text_);
-  }
+  AddCommitLsnHeader(commit_lsn);
 
   mapped.record = &record_;
   return mapped;

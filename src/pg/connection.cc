@@ -1,7 +1,11 @@
 #include "outbox_relay/pg/connection.h"
 
+#include <poll.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cstring>
 
 namespace outbox_relay::pg {
@@ -173,11 +177,40 @@ Error ErrorFromResult(const PGresult* res, PGconn* conn, std::string_view what) 
 
 Result<Connection> Connection::Open(std::string_view url, Mode mode,
                                     std::string_view application_name) {
-  // dbname is expanded as a connection string/URI first; later keywords override it.
+  return Open(url, mode, application_name, NetworkOptions{});
+}
+
+Result<Connection> Connection::Open(std::string_view url, Mode mode,
+                                    std::string_view application_name,
+                                    const NetworkOptions& network) {
+  // Keywords are applied in order and the last one wins; dbname is expanded
+  // as a connection string/URI in its place. So the network defaults go
+  // before it (the URL's own settings win) and the rest after it.
   std::string url_str(url);
   std::string app(application_name);
-  std::vector<const char*> keys = {"dbname", "fallback_application_name"};
-  std::vector<const char*> values = {url_str.c_str(), app.c_str()};
+  std::vector<std::pair<const char*, std::string>> defaults;
+  auto add = [&](const char* key, int value) {
+    if (value > 0) defaults.emplace_back(key, std::to_string(value));
+  };
+  add("connect_timeout", network.connect_timeout_s);
+  add("tcp_user_timeout", network.tcp_user_timeout_ms);
+  if (network.keepalives_idle_s > 0 || network.keepalives_interval_s > 0 ||
+      network.keepalives_count > 0) {
+    add("keepalives", 1);
+  }
+  add("keepalives_idle", network.keepalives_idle_s);
+  add("keepalives_interval", network.keepalives_interval_s);
+  add("keepalives_count", network.keepalives_count);
+  std::vector<const char*> keys;
+  std::vector<const char*> values;
+  for (const auto& [key, value] : defaults) {
+    keys.push_back(key);
+    values.push_back(value.c_str());
+  }
+  keys.push_back("dbname");
+  values.push_back(url_str.c_str());
+  keys.push_back("fallback_application_name");
+  values.push_back(app.c_str());
   if (mode == Mode::kReplication) {
     keys.push_back("replication");
     values.push_back("database");
@@ -221,11 +254,99 @@ Result<Connection> Connection::Open(std::string_view url, Mode mode,
         spdlog::debug("postgres: {}", m);
       },
       nullptr);
-  return Connection(std::move(conn));
+  Connection out(std::move(conn));
+  if (mode == Mode::kNormal && network.statement_timeout.count() > 0) {
+    // The server cancels a statement that runs too long (locks, a slow
+    // disk); the client gives up a little later, when the network dropped
+    // the statement or its answer and the server never saw or never told.
+    out.set_deadline(network.statement_timeout + kStatementGrace);
+    auto set =
+        out.Exec(fmt::format("SET statement_timeout = {}", network.statement_timeout.count()));
+    if (!set) return std::unexpected(set.error());
+  }
+  return out;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Waits until the socket is ready for `events` or `until` passes (false).
+bool WaitSocket(PGconn* conn, short events, Clock::time_point until) {
+  pollfd pfd{PQsocket(conn), events, 0};
+  if (pfd.fd < 0) return true;  // libpq reports the broken connection
+  while (true) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+    if (left.count() <= 0) return false;
+    int rc = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
+    if (rc > 0 || (rc < 0 && errno != EINTR)) return true;
+  }
+}
+
+bool Succeeded(const PGresult* res) {
+  ExecStatusType st = res ? PQresultStatus(res) : PGRES_FATAL_ERROR;
+  return st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK;
+}
+
+}  // namespace
+
+template <typename Send>
+Result<ResultHandle> Connection::Run(std::string_view what, Send send) {
+  if (!conn_) {
+    return Fail(ErrorCode::kTransient,
+                "{}: the connection was closed after a statement got no answer", what);
+  }
+  PGconn* c = conn_.get();
+  auto timed_out = [&]() -> std::unexpected<Error> {
+    conn_.reset();  // a statement is still pending on it: nothing else can follow
+    return Fail(ErrorCode::kTransient,
+                "{}: no answer from PostgreSQL within {} ms; connection closed (the network may "
+                "be dropping packets)",
+                what, deadline_.count());
+  };
+  auto until = Clock::now() + deadline_;
+  if (PQsetnonblocking(c, 1) != 0) {
+    return std::unexpected(ErrorFromResult(nullptr, c, what));
+  }
+  if (send(c) != 1) {
+    PQsetnonblocking(c, 0);
+    return std::unexpected(ErrorFromResult(nullptr, c, what));
+  }
+  int flushed = 0;
+  while ((flushed = PQflush(c)) == 1) {
+    if (!WaitSocket(c, POLLIN | POLLOUT, until)) return timed_out();
+    if (PQconsumeInput(c) == 0) break;
+  }
+  // As PQexec: the last result, or the first error (execution stops there).
+  ResultHandle first_error;
+  ResultHandle last;
+  while (flushed >= 0) {
+    while (PQisBusy(c) != 0) {
+      if (!WaitSocket(c, POLLIN, until)) return timed_out();
+      if (PQconsumeInput(c) == 0) break;
+    }
+    ResultHandle res(PQgetResult(c));
+    if (!res) break;
+    ExecStatusType st = PQresultStatus(res.get());
+    bool copy = st == PGRES_COPY_IN || st == PGRES_COPY_OUT || st == PGRES_COPY_BOTH;
+    if (!Succeeded(res.get()) && !copy && !first_error) {
+      first_error = std::move(res);
+    } else {
+      last = std::move(res);
+    }
+    if (copy) break;
+  }
+  PQsetnonblocking(c, 0);
+  ResultHandle res = first_error ? std::move(first_error) : std::move(last);
+  if (!Succeeded(res.get())) return std::unexpected(ErrorFromResult(res.get(), c, what));
+  return res;
 }
 
 Result<ResultHandle> Connection::Exec(std::string_view sql) {
   std::string q(sql);
+  if (deadline_.count() > 0 || !conn_) {
+    return Run(sql.substr(0, 80), [&](PGconn* c) { return PQsendQuery(c, q.c_str()); });
+  }
   ResultHandle res(PQexec(conn_.get(), q.c_str()));
   ExecStatusType st = res ? PQresultStatus(res.get()) : PGRES_FATAL_ERROR;
   if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
@@ -240,11 +361,51 @@ Result<ResultHandle> Connection::ExecParams(std::string_view sql,
   std::vector<const char*> values;
   values.reserve(params.size());
   for (const auto& p : params) values.push_back(p ? p->c_str() : nullptr);
+  if (deadline_.count() > 0 || !conn_) {
+    return Run(sql.substr(0, 80), [&](PGconn* c) {
+      return PQsendQueryParams(c, q.c_str(), static_cast<int>(values.size()), nullptr,
+                               values.data(), nullptr, nullptr, 0);
+    });
+  }
   ResultHandle res(PQexecParams(conn_.get(), q.c_str(), static_cast<int>(values.size()), nullptr,
                                 values.data(), nullptr, nullptr, 0));
   ExecStatusType st = res ? PQresultStatus(res.get()) : PGRES_FATAL_ERROR;
   if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
     return std::unexpected(ErrorFromResult(res.get(), conn_.get(), sql.substr(0, 80)));
+  }
+  return res;
+}
+
+Status Connection::Prepare(std::string_view name_view, std::string_view sql, int n_params) {
+  std::string name(name_view);
+  std::string q(sql);
+  if (deadline_.count() > 0 || !conn_) {
+    auto res = Run("prepare " + name, [&](PGconn* c) {
+      return PQsendPrepare(c, name.c_str(), q.c_str(), n_params, nullptr);
+    });
+    if (!res) return std::unexpected(res.error());
+    return Ok();
+  }
+  ResultHandle res(PQprepare(conn_.get(), name.c_str(), q.c_str(), n_params, nullptr));
+  if (!res || PQresultStatus(res.get()) != PGRES_COMMAND_OK) {
+    return std::unexpected(ErrorFromResult(res.get(), conn_.get(), "prepare " + name));
+  }
+  return Ok();
+}
+
+Result<ResultHandle> Connection::ExecPrepared(std::string_view name_view,
+                                              std::span<const char* const> params) {
+  std::string name(name_view);
+  if (deadline_.count() > 0 || !conn_) {
+    return Run(name, [&](PGconn* c) {
+      return PQsendQueryPrepared(c, name.c_str(), static_cast<int>(params.size()), params.data(),
+                                 nullptr, nullptr, 0);
+    });
+  }
+  ResultHandle res(PQexecPrepared(conn_.get(), name.c_str(), static_cast<int>(params.size()),
+                                  params.data(), nullptr, nullptr, 0));
+  if (!Succeeded(res.get())) {
+    return std::unexpected(ErrorFromResult(res.get(), conn_.get(), name));
   }
   return res;
 }

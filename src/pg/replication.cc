@@ -1,9 +1,13 @@
 #include "outbox_relay/pg/replication.h"
 
+#include <linux/tcp.h>  // struct tcp_info with tcpi_bytes_received (not in glibc's)
+#include <netinet/in.h>
 #include <poll.h>
+#include <sys/socket.h>
 
 #include <cerrno>
 #include <charconv>
+#include <cstddef>
 #include <cstring>
 
 namespace outbox_relay::pg {
@@ -208,6 +212,18 @@ Status ReplicationStream::SendStatus(const walproto::StandbyStatusUpdate& update
     return Fail(ErrorCode::kTransient, "send standby status: {}", PQerrorMessage(conn_.get()));
   }
   return FlushOutput();
+}
+
+std::optional<uint64_t> ReplicationStream::BytesReceived() const {
+  int fd = PQsocket(conn_.get());
+  if (fd < 0) return std::nullopt;
+  tcp_info info{};
+  socklen_t len = sizeof(info);
+  if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0 ||
+      len < offsetof(tcp_info, tcpi_bytes_received) + sizeof(info.tcpi_bytes_received)) {
+    return std::nullopt;  // not TCP (a unix socket), or an old kernel
+  }
+  return info.tcpi_bytes_received;
 }
 
 Status ReplicationStream::Finish(std::chrono::milliseconds timeout) {

@@ -68,6 +68,12 @@ Status Publisher::MapAndProduce(const outbox::ColumnMap& columns, const pgoutput
   auto mapped = mapper_.Map(columns, row, tx->final_lsn);
   if (!mapped) return std::unexpected(mapped.error());
   const uint64_t row_index = tx->rows_seen++;
+  if (mapped->already_processed) {
+    // A Watermill table's row the consumer group had processed when the
+    // stream started (the polling forwarder published it): not again.
+    stats_->already_processed.fetch_add(1, std::memory_order_relaxed);
+    return Ok();
+  }
   std::optional<Error> refused_before;
   if (txn_) {
     const outbox::RowIdentity& id = mapped->identity;
@@ -129,8 +135,8 @@ Status Publisher::DeadLetter(const Error& reason, const outbox::RowIdentity& ide
                 "the WAL, so it stops here again whatever is done to the row in the table: run "
                 "with OUTBOX_ON_POISON=dlq (--on-poison=dlq) to send it to the dead-letter topic "
                 "and go on, then republish a corrected row if it is needed.",
-                options_.table, identity.transaction_id, identity.offset, identity.uuid,
-                tx->final_lsn, reason.message);
+                columns.table.empty() ? options_.table : columns.table, identity.transaction_id,
+                identity.offset, identity.uuid, tx->final_lsn, reason.message);
   }
   auto text = [&](int index) -> std::optional<std::string_view> {
     if (index < 0 || static_cast<size_t>(index) >= row.values.size()) return std::nullopt;
@@ -139,8 +145,8 @@ Status Publisher::DeadLetter(const Error& reason, const outbox::RowIdentity& ide
     return v.text;
   };
   const outbox::KafkaRecord& record =
-      dead_letters_.Build(reason, identity, options_.table, tx->final_lsn, text(columns.payload),
-                          text(columns.metadata));
+      dead_letters_.Build(reason, identity, columns.table.empty() ? options_.table : columns.table,
+                          tx->final_lsn, text(columns.payload), text(columns.metadata));
   spdlog::warn("dead-lettering row transaction_id={} offset={} to {}: {}", identity.transaction_id,
                identity.offset, options_.dlq_topic, reason.message);
   stats_->dead_lettered.fetch_add(1, std::memory_order_relaxed);
@@ -259,6 +265,12 @@ void Publisher::OnDelivery(const kafka::Delivery& d) {
   }
   if (!tracker_->failure()) spdlog::error("{}", d.error->message);  // the first says it all
   tracker_->OnFailed(tx, d.error->message);
+}
+
+void Publisher::DropRefused() {
+  std::lock_guard lock(refused_mu_);
+  refused_.clear();
+  has_refused_.store(false, std::memory_order_relaxed);
 }
 
 Status Publisher::DeadLetterRefused(KeepAlive* keep) {

@@ -29,7 +29,10 @@ SlotSetup::SlotSetup(SlotSetupOptions options, Publisher* publisher, tracking::A
 Status SlotSetup::EnsureFailover(const pg::SlotInfo& slot) {
   // With --failover-slot, a slot made before the flag was set gets it now.
   if (!options_.failover_slot || !slot.exists || slot.failover.value_or(true)) return Ok();
-  auto repl = pg::Connection::Open(options_.database_url, pg::Connection::Mode::kReplication);
+  auto repl = pg::Connection::Open(
+      options_.replication_database_url.empty() ? options_.database_url
+                                                : options_.replication_database_url,
+      pg::Connection::Mode::kReplication, "outbox-relay", options_.network);
   if (!repl) return std::unexpected(repl.error());
   if (auto st = pg::AlterSlotFailover(*repl, options_.slot, true); !st) return st;
   spdlog::info(
@@ -44,7 +47,8 @@ void SlotSetup::CountLoss() {
 }
 
 Status SlotSetup::Run() {
-  auto conn = pg::Connection::Open(options_.database_url, pg::Connection::Mode::kNormal);
+  auto conn = pg::Connection::Open(options_.database_url, pg::Connection::Mode::kNormal,
+                                   "outbox-relay", options_.network);
   if (!conn) return std::unexpected(conn.error());
   auto slot = pg::QuerySlot(*conn, options_.slot);
   if (!slot) return std::unexpected(slot.error());
@@ -125,7 +129,12 @@ Status SlotSetup::Run() {
   }
 
   if (!slot->exists || invalidated) {
-    auto repl = pg::Connection::Open(options_.database_url, pg::Connection::Mode::kReplication);
+    // No statement timeout here: the slot's creation waits for the
+    // transactions running at that moment to end, however long they take.
+    auto repl = pg::Connection::Open(
+        options_.replication_database_url.empty() ? options_.database_url
+                                                  : options_.replication_database_url,
+        pg::Connection::Mode::kReplication, "outbox-relay", options_.network);
     if (!repl) return std::unexpected(repl.error());
     bool backfill = options_.backfill && options_.mark;
     if (backfill) {
@@ -183,11 +192,13 @@ Status SlotSetup::Run() {
   if (!snapshot) return std::unexpected(snapshot.error());
   if (snapshot->has_value()) {
     publisher_->SetBackfill(**snapshot);
-    Status st = Backfill(*conn, **snapshot);
-    if (!st || stop_->requested()) return st;  // resumes from the stored snapshot next time
-    if (auto deleted = pg::DeleteState(*conn, options_.slot, kSnapshotKey); !deleted) {
-      return deleted;
+    if (auto st = options_.backfill_rows ? options_.backfill_rows(*conn, **snapshot)
+                                         : Backfill(*conn, **snapshot);
+        !st) {
+      return st;
     }
+    if (stop_->requested()) return Ok();  // resumes from the stored snapshot next time
+    if (auto st = pg::DeleteState(*conn, options_.slot, kSnapshotKey); !st) return st;
     publisher_->SetBackfill(std::nullopt);
   }
   return Ok();

@@ -27,7 +27,12 @@ StreamSession::StreamSession(SessionOptions options, ReplicationSource* source,
       stats_(stats),
       stop_(stop),
       last_marker_error_ns_(last_marker_error_ns),
-      progress_(options_.status_interval) {}
+      progress_(options_.status_interval),
+      liveness_(options_.receive_timeout, Clock::now()),
+      router_(options_.tables.empty()
+                  ? std::vector<OutboxTable>{OutboxTable{options_.table, outbox::TableKind::kSeed}}
+                  : options_.tables,
+              options_.columns, options_.processed, options_.selects) {}
 
 tracking::Transaction* StreamSession::TakeOpenTransaction() {
   return std::exchange(open_tx_, nullptr);
@@ -50,12 +55,17 @@ Status StreamSession::Run() {
                     open_tx_->xid);
       }
     }
+    if (options_.end_requested != nullptr && open_tx_ == nullptr &&
+        options_.end_requested->load()) {
+      return Fail(ErrorCode::kTransient, "the stream ends between transactions, as asked");
+    }
     if (auto st = publisher_->DeadLetterRefused(this); !st) return st;
     if (auto st = publisher_->Tick(); !st) return st;  // exactly-once: commit when due
     stats_->kafka_reachable.store(publisher_->Reachable(), std::memory_order_relaxed);
     if (auto st = SendStatus(false); !st) return st;
     LogProgress();
     if (publisher_->Backpressured()) {
+      liveness_.NotListening(Clock::now());
       tracker_->WaitForProgress(milliseconds(2));
       continue;
     }
@@ -63,8 +73,20 @@ Status StreamSession::Run() {
     if (!msg) return std::unexpected(msg.error());
     if (!*msg) {
       if (auto st = source_->Wait(milliseconds(100)); !st) return st;
+      auto now = Clock::now();
+      liveness_.SawBytes(source_->BytesReceived(), now);
+      if (auto silent = liveness_.Silent(now)) {
+        return Fail(ErrorCode::kTransient,
+                    "replication connection silent for {:.1f} s: nothing received, not even "
+                    "the reply requested {:.1f} s ago; taking it for dead (bound {} ms, "
+                    "--pg-receive-timeout-ms)",
+                    static_cast<double>(silent->count()) / 1000,
+                    static_cast<double>(silent->count() - liveness_.bound().count() / 2) / 1000,
+                    liveness_.bound().count());
+      }
       continue;
     }
+    liveness_.Heard(Clock::now());
     auto server_msg = walproto::DecodeServerMessage(**msg);
     if (!server_msg) return std::unexpected(server_msg.error());
     if (auto* k = std::get_if<walproto::PrimaryKeepalive>(&*server_msg)) {
@@ -132,9 +154,9 @@ Status StreamSession::HandleXLogData(std::string_view data) {
   if (auto* r = std::get_if<pgoutput::Relation>(&message_)) return HandleRelation(*r);
   if (auto* t = std::get_if<pgoutput::Truncate>(&message_)) {
     for (pgoutput::Oid id : t->relation_ids) {
-      if (id == outbox_relid_) {
+      if (const outbox::ColumnMap* columns = router_.Find(id)) {
         spdlog::warn("the outbox table {} was truncated: rows not yet published are gone",
-                     options_.table.ToString());
+                     columns->table);
       }
     }
     return Ok();
@@ -145,32 +167,7 @@ Status StreamSession::HandleXLogData(std::string_view data) {
 }
 
 Status StreamSession::HandleRelation(const pgoutput::Relation& relation) {
-  bool named_ours =
-      relation.nspname == options_.table.schema && relation.relname == options_.table.name;
-  if (outbox_relid_ != 0 && relation.relation_id == outbox_relid_ && !named_ours) {
-    // Renamed (or moved to another schema): the publication follows the
-    // table, but the marker and the backfill find it by the configured name.
-    // Going on with the old column positions would misread its rows.
-    return Fail(ErrorCode::kFatal,
-                "the outbox table {} is now {}.{} (renamed or moved while the relay ran): start "
-                "the relay with --table (OUTBOX_TABLE) naming it",
-                options_.table.ToString(), relation.nspname, relation.relname);
-  }
-  if (named_ours) {
-    // Sent before the first row and again after any schema change: columns
-    // are found by name each time.
-    auto map = outbox::ColumnMap::Resolve(relation, options_.columns);
-    if (!map) {
-      return Fail(ErrorCode::kFatal, "outbox table changed and can no longer be published: {}",
-                  map.error().message);
-    }
-    if (outbox_relid_ != 0 && columns_) {
-      spdlog::info("outbox table {} changed: {} columns", options_.table.ToString(),
-                   relation.columns.size());
-    }
-    columns_ = *map;
-    outbox_relid_ = relation.relation_id;
-  }
+  if (auto st = router_.OnRelation(relation); !st) return st;
   relations_.Put(relation);
   return Ok();
 }
@@ -179,7 +176,8 @@ Status StreamSession::HandleInsert(const pgoutput::Insert& insert) {
   if (open_tx_ == nullptr) {
     return Fail(ErrorCode::kProtocol, "pgoutput: Insert outside a transaction");
   }
-  if (insert.relation_id != outbox_relid_) {
+  const outbox::ColumnMap* columns = router_.Find(insert.relation_id);
+  if (columns == nullptr) {
     if (relations_.Find(insert.relation_id) == nullptr) {
       return Fail(ErrorCode::kProtocol, "pgoutput: Insert for relation {} never described",
                   insert.relation_id);
@@ -187,14 +185,20 @@ Status StreamSession::HandleInsert(const pgoutput::Insert& insert) {
     return Ok();  // another table in a shared publication
   }
   stats_->rows.fetch_add(1, std::memory_order_relaxed);
-  return publisher_->MapAndProduce(*columns_, insert.new_tuple, open_tx_, this);
+  return publisher_->MapAndProduce(*columns, insert.new_tuple, open_tx_, this);
+}
+
+Status StreamSession::Touch() {
+  liveness_.NotListening(Clock::now());  // a Publisher wait: the loop reads nothing
+  return SendStatus(false);
 }
 
 Status StreamSession::SendStatus(bool force) {
   auto now = Clock::now();
   Lsn flush = tracker_->confirmed();
-  auto update = progress_.Due(now, flush, force);
+  auto update = progress_.Due(now, flush, liveness_.ProbeDue(now) || force);
   if (!update) return Ok();
+  update->reply_requested = liveness_.WantReply(now);
   if (auto st = source_->SendStatus(*update); !st) return st;
   progress_.Sent(now, flush);
   stats_->status_updates.fetch_add(1, std::memory_order_relaxed);

@@ -20,19 +20,34 @@ Transaction* AckTracker::Begin(Lsn final_lsn, PgTimestamp commit_time, uint32_t 
   return raw;
 }
 
+namespace {
+
+int64_t SteadyNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
 void AckTracker::AddMessage(Transaction* tx) {
   tx->pending.fetch_add(1, std::memory_order_relaxed);
+  tx->last_message_ns.store(SteadyNanos(), std::memory_order_relaxed);
+  tx->unreported.fetch_add(1, std::memory_order_release);
   ++tx->rows;
   rows_in_flight_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void AckTracker::AddDeadLetter(Transaction* tx) {
   tx->pending.fetch_add(1, std::memory_order_relaxed);
+  tx->last_message_ns.store(SteadyNanos(), std::memory_order_relaxed);
+  tx->unreported.fetch_add(1, std::memory_order_release);
   rows_in_flight_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void AckTracker::CancelMessage(Transaction* tx) {
   --tx->rows;
+  tx->unreported.fetch_sub(1, std::memory_order_relaxed);
   rows_in_flight_.fetch_sub(1, std::memory_order_relaxed);
   Release(tx, 1);  // never the last token: the transaction is still open
 }
@@ -82,6 +97,7 @@ void AckTracker::AbandonHeld(Transaction* tx) {
 }
 
 void AckTracker::OnDelivered(Transaction* tx) {
+  tx->unreported.fetch_sub(1, std::memory_order_relaxed);
   rows_in_flight_.fetch_sub(1, std::memory_order_relaxed);
   if (unsafe_confirm_newest_) [[unlikely]] {
     std::lock_guard lock(mu_);
@@ -90,9 +106,11 @@ void AckTracker::OnDelivered(Transaction* tx) {
   Release(tx, 1);
 }
 
-void AckTracker::OnFailed(Transaction* tx, std::string reason) {
+void AckTracker::OnFailed(Transaction* tx, std::string reason, bool retryable) {
+  tx->unreported.fetch_sub(1, std::memory_order_relaxed);
   rows_in_flight_.fetch_sub(1, std::memory_order_relaxed);
   std::lock_guard lock(mu_);
+  failure_retryable_ = (failure_ ? failure_retryable_ : true) && retryable;
   if (!failure_) failure_ = std::move(reason);
   failed_seq_ = std::min(failed_seq_, tx->seq);
   // The transaction never completes: its pending count keeps the token of
@@ -155,6 +173,9 @@ void AckTracker::RaiseConfirmed(Lsn position) {
 
 bool AckTracker::FollowServer(Lsn wal_end) {
   std::lock_guard lock(mu_);
+  // Between transactions: every commit before wal_end was received.
+  idle_wal_end_.store(std::max(idle_wal_end_.load(std::memory_order_relaxed), wal_end.value()),
+                      std::memory_order_relaxed);
   if (!in_flight_.empty() || failure_) return false;
   if (wal_end.value() <= confirmed_.load(std::memory_order_relaxed)) return false;
   confirmed_.store(wal_end.value(), std::memory_order_release);
@@ -179,6 +200,58 @@ void AckTracker::OnMarked(const std::vector<Transaction*>& txs) {
   }
   AdvanceLocked();
   progress_.notify_all();
+}
+
+Lsn AckTracker::DeliveredThrough() const {
+  std::lock_guard lock(mu_);
+  for (const auto& tx : in_flight_) {
+    if (!tx->delivered) return tx->final_lsn;
+  }
+  return Lsn(std::max({newest_end_.load(std::memory_order_relaxed),
+                       idle_wal_end_.load(std::memory_order_relaxed),
+                       confirmed_.load(std::memory_order_relaxed)}));
+}
+
+std::optional<std::string> AckTracker::ExpireOverdue(std::chrono::steady_clock::time_point now,
+                                                     std::chrono::milliseconds timeout) {
+  const int64_t now_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
+  std::lock_guard lock(mu_);
+  if (failure_) return std::nullopt;
+  for (const auto& tx : in_flight_) {
+    if (tx->delivered || tx->unreported.load(std::memory_order_acquire) <= 0) continue;
+    // Messages are handed over in stream order: the first transaction with
+    // messages out holds the oldest, and all of its are at least this old.
+    int64_t age_ns = now_ns - tx->last_message_ns.load(std::memory_order_relaxed);
+    if (age_ns < std::chrono::nanoseconds(timeout).count()) return std::nullopt;
+    failure_ = "Kafka has not acknowledged " + std::to_string(tx->unreported.load()) +
+               " record(s) of transaction xid " + std::to_string(tx->xid) + " (commit " +
+               tx->final_lsn.ToString() + ") " + std::to_string(age_ns / 1000000) +
+               " ms after they were produced";
+    failure_retryable_ = true;
+    failed_seq_ = std::min(failed_seq_, tx->seq);
+    progress_.notify_all();
+    delivered_.notify_all();
+    return failure_;
+  }
+  return std::nullopt;
+}
+
+bool AckTracker::failure_retryable() const {
+  std::lock_guard lock(mu_);
+  return failure_.has_value() && failure_retryable_;
+}
+
+bool AckTracker::Restart() {
+  std::lock_guard lock(mu_);
+  if (!to_mark_.empty() || awaiting_mark_.load() != 0) return false;
+  in_flight_.clear();
+  rows_in_flight_.store(0, std::memory_order_relaxed);
+  failure_.reset();
+  failure_retryable_ = false;
+  failed_seq_ = UINT64_MAX;
+  progress_.notify_all();
+  return true;
 }
 
 bool AckTracker::empty() const {

@@ -74,8 +74,11 @@ TEST_F(PgVersion, AnIdleRelayStaysIdleAfterItsWork) {
   EXPECT_EQ(indexed, 40);
   EXPECT_EQ(commits(), indexed) << "the relay indexes transactions nobody wrote";
   // A marker feeding on its own empty transactions writes without pause
-  // (megabytes in 4 s); an idle database writes next to nothing.
-  EXPECT_LT(wal_growth, 256u * 1024) << relay.LogTail();
+  // (megabytes in 4 s); an idle relay writes next to nothing. The WAL is the
+  // cluster's: the test running next to this one under ctest -j2 writes some
+  // too (278,240 bytes in one CI run on 16, where the bound was 256 KiB), so
+  // the bound is 1 MiB and the commit index above is the exact check.
+  EXPECT_LT(wal_growth, 1024u * 1024) << relay.LogTail();
   CheckCommitIndex(ledger);
 }
 

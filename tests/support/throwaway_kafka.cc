@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -152,6 +153,15 @@ std::string KafkaLibsDir() {
 ThrowawayKafka::ThrowawayKafka(std::map<std::string, std::string> properties,
                                std::vector<std::string> format_args)
     : properties_(std::move(properties)), format_args_(std::move(format_args)) {
+  Create();
+}
+
+ThrowawayKafka::ThrowawayKafka(std::map<std::string, std::string> properties, KafkaNodeSpec node)
+    : properties_(std::move(properties)), node_(std::move(node)) {
+  Create();
+}
+
+void ThrowawayKafka::Create() {
   ReapStaleBrokers();
   libs_ = KafkaLibsDir();
   char tmpl[] = "/tmp/outbox-it-kafka-XXXXXX";
@@ -159,12 +169,17 @@ ThrowawayKafka::ThrowawayKafka(std::map<std::string, std::string> properties,
   dir_ = tmpl;
   std::ofstream(dir_ + "/owner.pid") << ::getpid() << "\n";
   try {
-    port_ = FreeLocalPort(57100 + static_cast<int>(::getpid() % 700));
-    controller_port_ = FreeLocalPort(port_ + 1);
-    extra_port_ = FreeLocalPort(controller_port_ + 1);
+    if (node_) {
+      port_ = node_->internal_port;
+      controller_port_ = node_->controller_port;
+    } else {
+      port_ = FreeLocalPort(57100 + static_cast<int>(::getpid() % 700));
+      controller_port_ = FreeLocalPort(port_ + 1);
+    }
+    extra_port_ = FreeLocalPort(std::max(controller_port_, node_ ? node_->client_port : 0) + 1);
     WriteConfig();
     Format();
-    Start();
+    if (!node_) Start();
   } catch (...) {
     if (pid_ > 0 && !Reap(false)) {
       ::kill(pid_, SIGKILL);
@@ -192,6 +207,10 @@ ThrowawayKafka::~ThrowawayKafka() {
 }
 
 std::string ThrowawayKafka::brokers() const { return fmt::format("127.0.0.1:{}", port_); }
+
+std::string ThrowawayKafka::client_brokers() const {
+  return node_ ? node_->client_advertised : brokers();
+}
 
 void ThrowawayKafka::WriteConfig() {
   std::map<std::string, std::string> p = {
@@ -222,6 +241,20 @@ void ThrowawayKafka::WriteConfig() {
       {"num.io.threads", "2"},
       {"log.segment.bytes", "16777216"},
   };
+  if (node_) {
+    // INTERNAL between the brokers (and for the tests' readers), CLIENT for
+    // the relay, possibly advertised as a fault proxy in front of it.
+    p["node.id"] = std::to_string(node_->node_id);
+    p["controller.quorum.voters"] = node_->quorum_voters;
+    p["listeners"] =
+        fmt::format("INTERNAL://127.0.0.1:{},CLIENT://127.0.0.1:{},CONTROLLER://127.0.0.1:{}",
+                    port_, node_->client_port, controller_port_);
+    p["advertised.listeners"] =
+        fmt::format("INTERNAL://127.0.0.1:{},CLIENT://{}", port_, node_->client_advertised);
+    p["listener.security.protocol.map"] =
+        "INTERNAL:PLAINTEXT,CLIENT:PLAINTEXT,CONTROLLER:PLAINTEXT";
+    p["inter.broker.listener.name"] = "INTERNAL";
+  }
   for (const auto& [k, v] : properties_) {
     std::string value = v;
     for (const auto& [name, port] : {std::pair<std::string, int>{"{port}", port_},
@@ -249,7 +282,7 @@ void ThrowawayKafka::Format() {
       "-Dkafka.logs.dir={dir}/logs -cp '{libs}/*' kafka.tools.StorageTool format -t {id} "
       "-c {dir}/server.properties{extra} > {dir}/format.log 2>&1",
       fmt::arg("src", OUTBOX_SOURCE_DIR), fmt::arg("dir", dir_), fmt::arg("libs", libs_),
-      fmt::arg("id", RandomClusterId()), fmt::arg("extra", extra));
+      fmt::arg("id", node_ ? node_->cluster_id : RandomClusterId()), fmt::arg("extra", extra));
   int rc = std::system(cmd.c_str());
   if (rc != 0) {
     throw std::runtime_error(fmt::format("kafka StorageTool format failed ({}):\n{}", rc,
@@ -258,8 +291,15 @@ void ThrowawayKafka::Format() {
 }
 
 void ThrowawayKafka::Start(std::chrono::seconds timeout) {
+  Launch();
+  WaitAnswering(timeout);
+}
+
+void ThrowawayKafka::Launch() {
   if (pid_ > 0 && !Reap(false)) throw std::logic_error("throwaway kafka already running");
-  for (int p : {port_, controller_port_}) {
+  std::vector<int> ports = {port_, controller_port_};
+  if (node_) ports.push_back(node_->client_port);
+  for (int p : ports) {
     auto until = Clock::now() + std::chrono::seconds(10);
     while (!NoListener(p) && Clock::now() < until) std::this_thread::sleep_for(milliseconds(100));
     if (!NoListener(p)) {
@@ -311,7 +351,9 @@ void ThrowawayKafka::Start(std::chrono::seconds timeout) {
   ::close(fd);
   pid_ = pid;
   std::ofstream(dir_ + "/kafka.pid") << pid_ << "\n";
+}
 
+void ThrowawayKafka::WaitAnswering(std::chrono::seconds timeout) {
   auto deadline = Clock::now() + timeout;
   while (!Answers(milliseconds(2000))) {
     if (Reap(false)) {
@@ -342,6 +384,9 @@ void ThrowawayKafka::Stop(bool kill, std::chrono::seconds grace) {
   }
   auto until = Clock::now() + std::chrono::seconds(10);
   while (!NoListener(port_) && Clock::now() < until) std::this_thread::sleep_for(milliseconds(50));
+  while (node_ && !NoListener(node_->client_port) && Clock::now() < until) {
+    std::this_thread::sleep_for(milliseconds(50));
+  }
 }
 
 bool ThrowawayKafka::Running() { return pid_ > 0 && !Reap(false); }
@@ -388,6 +433,158 @@ std::string ThrowawayKafka::LogTail(size_t lines) const {
   return fmt::format("---- {}/logs/server.log ----\n{}\n---- {}/stdout.log ----\n{}", dir_,
                      Tail(ReadFile(dir_ + "/logs/server.log"), lines), dir_,
                      Tail(ReadFile(dir_ + "/stdout.log"), 10));
+}
+
+namespace {
+
+// Cluster metadata from `brokers` (a librdkafka handle of its own); throws
+// when no broker answers.
+struct Metadata {
+  explicit Metadata(const std::string& brokers) {
+    char err[512];
+    rd_kafka_conf_t* conf = rd_kafka_conf_new();
+    rd_kafka_conf_set(conf, "bootstrap.servers", brokers.c_str(), err, sizeof err);
+    rd_kafka_conf_set(conf, "log_level", "0", err, sizeof err);
+    rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
+    if (rk == nullptr) {
+      rd_kafka_conf_destroy(conf);
+      throw std::runtime_error(std::string("rd_kafka_new: ") + err);
+    }
+    rd_kafka_resp_err_t e = rd_kafka_metadata(rk, 1, nullptr, &md, 10000);
+    if (e != RD_KAFKA_RESP_ERR_NO_ERROR) {
+      rd_kafka_destroy(rk);
+      throw std::runtime_error(std::string("metadata: ") + rd_kafka_err2str(e));
+    }
+  }
+  ~Metadata() {
+    rd_kafka_metadata_destroy(md);
+    rd_kafka_destroy(rk);
+  }
+  Metadata(const Metadata&) = delete;
+  Metadata& operator=(const Metadata&) = delete;
+
+  rd_kafka_t* rk = nullptr;
+  const rd_kafka_metadata_t* md = nullptr;
+};
+
+}  // namespace
+
+KafkaCluster::KafkaCluster(KafkaClusterOptions options) {
+  const int n = options.nodes;
+  std::vector<KafkaNodeSpec> specs(static_cast<size_t>(n));
+  int next = 57800 + static_cast<int>(::getpid() % 600);
+  std::string voters;
+  std::string cluster_id = RandomClusterId();
+  for (int i = 0; i < n; ++i) {
+    KafkaNodeSpec& spec = specs[static_cast<size_t>(i)];
+    spec.node_id = i + 1;
+    spec.cluster_id = cluster_id;
+    spec.internal_port = FreeLocalPort(next);
+    spec.controller_port = FreeLocalPort(spec.internal_port + 1);
+    spec.client_port = FreeLocalPort(spec.controller_port + 1);
+    next = spec.client_port + 1;
+    voters +=
+        fmt::format("{}{}@127.0.0.1:{}", i == 0 ? "" : ",", spec.node_id, spec.controller_port);
+  }
+  std::map<std::string, std::string> defaults = {
+      {"default.replication.factor", std::to_string(n)},
+      {"min.insync.replicas", std::to_string(std::max(1, n - 1))},
+      {"unclean.leader.election.enable", "false"},
+      {"offsets.topic.replication.factor", std::to_string(n)},
+      {"transaction.state.log.replication.factor", std::to_string(n)},
+      {"transaction.state.log.min.isr", std::to_string(std::max(1, n - 1))},
+      {"share.coordinator.state.topic.replication.factor", std::to_string(n)},
+      {"share.coordinator.state.topic.min.isr", std::to_string(std::max(1, n - 1))},
+      // A dead node's partitions move within seconds; a restarted one catches up.
+      {"replica.lag.time.max.ms", "10000"},
+      {"auto.leader.rebalance.enable", "false"},
+  };
+  for (const auto& [k, v] : options.properties) defaults[k] = v;
+  for (int i = 0; i < n; ++i) {
+    KafkaNodeSpec& spec = specs[static_cast<size_t>(i)];
+    spec.quorum_voters = voters;
+    std::string advertised =
+        options.advertise ? options.advertise(static_cast<size_t>(i), spec.client_port) : "";
+    spec.client_advertised =
+        advertised.empty() ? fmt::format("127.0.0.1:{}", spec.client_port) : advertised;
+    nodes_.push_back(std::make_unique<ThrowawayKafka>(defaults, spec));
+  }
+  for (auto& node : nodes_) node->Launch();
+  for (auto& node : nodes_) node->WaitAnswering(std::chrono::seconds(180));
+  // Every broker registered (a node answers before the others joined).
+  auto deadline = Clock::now() + std::chrono::seconds(120);
+  while (true) {
+    try {
+      Metadata m(brokers());
+      if (m.md->broker_cnt == n) break;
+    } catch (const std::exception&) {
+    }
+    if (Clock::now() > deadline) {
+      std::string logs;
+      for (auto& node : nodes_) logs += node->LogTail(15) + "\n";
+      throw std::runtime_error("kafka cluster: not every broker registered within 120 s\n" + logs);
+    }
+    std::this_thread::sleep_for(milliseconds(250));
+  }
+}
+
+std::string KafkaCluster::brokers() const {
+  std::string out;
+  for (const auto& node : nodes_) out += (out.empty() ? "" : ",") + node->brokers();
+  return out;
+}
+
+std::string KafkaCluster::client_brokers() const {
+  std::string out;
+  for (const auto& node : nodes_) out += (out.empty() ? "" : ",") + node->client_brokers();
+  return out;
+}
+
+std::map<std::pair<std::string, int32_t>, int32_t> KafkaCluster::Leaders(
+    const std::string& prefix) const {
+  std::map<std::pair<std::string, int32_t>, int32_t> out;
+  Metadata m(brokers());
+  for (int t = 0; t < m.md->topic_cnt; ++t) {
+    const rd_kafka_metadata_topic_t& topic = m.md->topics[t];
+    if (!std::string(topic.topic).starts_with(prefix)) continue;
+    for (int p = 0; p < topic.partition_cnt; ++p) {
+      out[{topic.topic, topic.partitions[p].id}] = topic.partitions[p].leader;
+    }
+  }
+  return out;
+}
+
+std::map<int32_t, int> KafkaCluster::LeaderCounts(const std::string& prefix) const {
+  std::map<int32_t, int> out;
+  for (const auto& [tp, leader] : Leaders(prefix)) ++out[leader];
+  return out;
+}
+
+int KafkaCluster::UnderReplicated(const std::string& prefix) const {
+  int n = 0;
+  Metadata m(brokers());
+  for (int t = 0; t < m.md->topic_cnt; ++t) {
+    const rd_kafka_metadata_topic_t& topic = m.md->topics[t];
+    if (!std::string(topic.topic).starts_with(prefix)) continue;
+    for (int p = 0; p < topic.partition_cnt; ++p) {
+      const rd_kafka_metadata_partition_t& part = topic.partitions[p];
+      if (part.leader < 0 || part.isr_cnt < part.replica_cnt) ++n;
+    }
+  }
+  return n;
+}
+
+bool KafkaCluster::WaitFullyReplicated(const std::string& prefix,
+                                       std::chrono::seconds timeout) const {
+  auto deadline = Clock::now() + timeout;
+  while (true) {
+    try {
+      if (UnderReplicated(prefix) == 0) return true;
+    } catch (const std::exception&) {
+    }
+    if (Clock::now() > deadline) return false;
+    std::this_thread::sleep_for(milliseconds(500));
+  }
 }
 
 }  // namespace outbox_test

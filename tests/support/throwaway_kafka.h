@@ -15,7 +15,13 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -25,6 +31,20 @@ namespace outbox_test {
 // `scripts/services env`), else what `scripts/services kafka-libs` prints.
 // Throws when neither gives a directory with a kafka jar.
 std::string KafkaLibsDir();
+
+// A node of a multi-node KRaft cluster (KafkaCluster): what the cluster
+// decided for it. Its broker has two listeners: INTERNAL (between the
+// brokers, and for the tests' own readers) and CLIENT, which may be
+// advertised as another address (a fault proxy in front of it).
+struct KafkaNodeSpec {
+  int node_id = 1;
+  std::string cluster_id;
+  std::string quorum_voters;  // "1@127.0.0.1:<controller port>,2@..."
+  int internal_port = 0;
+  int controller_port = 0;
+  int client_port = 0;
+  std::string client_advertised;  // "127.0.0.1:<port>"
+};
 
 class ThrowawayKafka {
  public:
@@ -37,6 +57,9 @@ class ThrowawayKafka {
   // log tail) when it does not.
   explicit ThrowawayKafka(std::map<std::string, std::string> properties = {},
                           std::vector<std::string> format_args = {});
+  // A cluster node: configured and formatted, not started (Launch, then
+  // WaitAnswering: a node answers only once a quorum of voters runs).
+  ThrowawayKafka(std::map<std::string, std::string> properties, KafkaNodeSpec node);
   ~ThrowawayKafka();  // SIGKILL and remove the directory (kept, stopped, with OUTBOX_IT_KEEP)
   ThrowawayKafka(const ThrowawayKafka&) = delete;
   ThrowawayKafka& operator=(const ThrowawayKafka&) = delete;
@@ -44,12 +67,18 @@ class ThrowawayKafka {
   // Starts the broker again on the same ports and data directory; returns once
   // it answers metadata requests. Throws when it does not within `timeout`.
   void Start(std::chrono::seconds timeout = std::chrono::seconds(120));
+  // The two halves of Start: spawn the JVM; wait until the broker answers.
+  void Launch();
+  void WaitAnswering(std::chrono::seconds timeout = std::chrono::seconds(120));
   // SIGTERM (controlled shutdown), SIGKILL after `grace`; `kill`: SIGKILL at
   // once (a crash). Returns once the process is gone and the port is free.
   void Stop(bool kill = false, std::chrono::seconds grace = std::chrono::seconds(30));
   bool Running();
 
-  std::string brokers() const;  // "127.0.0.1:<port>"
+  std::string brokers() const;  // "127.0.0.1:<port>" (a cluster node's INTERNAL listener)
+  // What clients are told: a cluster node's advertised CLIENT address, else brokers().
+  std::string client_brokers() const;
+  const std::optional<KafkaNodeSpec>& node() const { return node_; }
   int port() const { return port_; }
   int extra_port() const { return extra_port_; }
   pid_t pid() const { return pid_; }
@@ -63,14 +92,64 @@ class ThrowawayKafka {
   bool Answers(std::chrono::milliseconds timeout) const;
   bool Reap(bool block);
 
+  void Create();
+
   std::map<std::string, std::string> properties_;
   std::vector<std::string> format_args_;
+  std::optional<KafkaNodeSpec> node_;
   std::string libs_;
   std::string dir_;
   int port_ = 0;
   int controller_port_ = 0;
   int extra_port_ = 0;
   pid_t pid_ = -1;
+};
+
+// A KRaft cluster of combined broker+controller nodes on 127.0.0.1, each a
+// ThrowawayKafka (own directory, dies with the test process). Node ids are
+// 1..n, all of them controller voters: a majority must run for the cluster to
+// elect leaders (3 nodes: 2).
+struct KafkaClusterOptions {
+  int nodes = 3;
+  // Every node's server.properties gets these too (after the cluster's own
+  // defaults: replication factor = nodes, min.insync.replicas = nodes - 1,
+  // unclean.leader.election.enable = false).
+  std::map<std::string, std::string> properties;
+  // Called once per node with its index and CLIENT listener port, before any
+  // node is configured; returns the address to advertise for it (e.g. a
+  // proxy's), or "" for the listener's own.
+  std::function<std::string(size_t node, int client_port)> advertise;
+};
+
+class KafkaCluster {
+ public:
+  // Starts every node and waits until all answer (throws with their logs).
+  explicit KafkaCluster(KafkaClusterOptions options);
+  KafkaCluster(const KafkaCluster&) = delete;
+  KafkaCluster& operator=(const KafkaCluster&) = delete;
+
+  size_t size() const { return nodes_.size(); }
+  ThrowawayKafka& node(size_t i) { return *nodes_.at(i); }
+  // Index of the node with Kafka id `node_id` (1-based ids).
+  size_t IndexOf(int32_t node_id) const { return static_cast<size_t>(node_id - 1); }
+  // INTERNAL listeners (the tests' readers and admin calls; never proxied).
+  std::string brokers() const;
+  // CLIENT listeners as advertised (the relay's bootstrap servers).
+  std::string client_brokers() const;
+
+  // Partition leaders of the topics starting with `prefix`: node id -> number
+  // of partitions it leads (leaderless partitions under -1).
+  std::map<int32_t, int> LeaderCounts(const std::string& prefix) const;
+  // (topic, partition) -> leader node id.
+  std::map<std::pair<std::string, int32_t>, int32_t> Leaders(const std::string& prefix) const;
+  // Partitions of those topics whose in-sync replicas are fewer than their
+  // replicas (or that have no leader); 0 when every replica is back in sync.
+  int UnderReplicated(const std::string& prefix) const;
+  // Waits until UnderReplicated(prefix) == 0 (false: timeout).
+  bool WaitFullyReplicated(const std::string& prefix, std::chrono::seconds timeout) const;
+
+ private:
+  std::vector<std::unique_ptr<ThrowawayKafka>> nodes_;
 };
 
 }  // namespace outbox_test

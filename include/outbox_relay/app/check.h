@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "outbox_relay/app/config.h"
+#include "outbox_relay/pg/connection.h"
 
 namespace CLI {
 class App;
@@ -53,6 +54,11 @@ void AddCheckFlags(CLI::App& app, CheckConfig& config);
 // Runs every check on a validated config. Never fails as a whole: a check
 // that cannot run is itself a FAIL line.
 std::vector<CheckResult> RunChecks(const CheckConfig& config);
+
+// --table-mode=watermill: the tables, their topics, offsets tables and the
+// consumer group's positions, privileges and the publication (in place of
+// the seed table's checks; check_watermill.cc).
+std::vector<CheckResult> CheckWatermillTables(pg::Connection& conn, const RelayConfig& config);
 
 std::string FormatChecksText(const std::vector<CheckResult>& results);
 std::string FormatChecksJson(const std::vector<CheckResult>& results);

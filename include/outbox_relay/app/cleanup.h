@@ -27,6 +27,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <span>
 #include <string>
 
 #include "outbox_relay/app/config.h"
@@ -54,12 +56,17 @@ struct CleanupConfig {
   bool prune_commits = true;
   bool dry_run = false;
   LogConfig log;
+  // --table-mode=watermill: watermill-sql's tables; a row goes once every
+  // consumer group in its offsets table has processed it (cleanup_watermill.cc).
+  WatermillFlags watermill_flags;
 
   // Filled by ValidateCleanup():
   pg::QualifiedName table_name;
   int64_t retention_days_value = 7;
   int64_t batch_size_value = 10000;
   int64_t batch_sleep_ms_value = 500;
+  bool watermill = false;
+  pipeline::WatermillSettings watermill_settings;
 };
 
 inline constexpr int64_t kMinRetentionDays = 3;
@@ -83,6 +90,14 @@ struct CleanupReport {
 // Runs the deletion (or the counting, with dry_run) on a validated config.
 // Progress lines are logged after every batch.
 Result<CleanupReport> RunCleanup(const CleanupConfig& config);
+// The same for watermill-sql's tables: per table, rows created before the
+// cutoff and at or before the position of every consumer group in its
+// offsets table (the smallest; a table without one keeps every row).
+Result<CleanupReport> RunWatermillCleanup(const CleanupConfig& config);
+// Both: outbox_relay.commits rows (every slot) with commit_time before the
+// cutoff `params[0]`, in batches of `params[1]` (unless --prune-commits=false).
+Status PruneCommitIndex(pg::Connection& conn, const CleanupConfig& config,
+                        std::span<const std::optional<std::string>> params, CleanupReport* report);
 
 // The whole command: logging, validation, RunCleanup, the summary on stdout.
 // Returns the exit code.

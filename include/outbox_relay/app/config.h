@@ -16,6 +16,7 @@
 #include "outbox_relay/pg/connection.h"
 #include "outbox_relay/pipeline/publisher.h"
 #include "outbox_relay/pipeline/slot_setup.h"
+#include "outbox_relay/pipeline/watermill.h"
 
 namespace CLI {
 class App;
@@ -37,6 +38,23 @@ struct LogConfig {
   std::string format = "text";  // text | json
   std::string level = "info";
 };
+
+// The flags that choose the tables (run, check, cleanup), as given.
+struct WatermillFlags {
+  std::string table_mode = "seed";  // seed | watermill
+  std::string tables;               // "a,b": direct tables
+  std::string forwarder_tables;     // "a,b": forwarder envelope tables
+  std::string pattern;              // "schema.watermill_*"
+  std::string topic_map;            // "table=topic,..."
+  std::string offsets_map;          // "table=offsets_table,..."
+  std::string consumer_group;
+};
+
+// Registers --table-mode and the --watermill-* table flags.
+void AddWatermillTableFlags(CLI::App& app, WatermillFlags& flags);
+// Parses them (kInvalidArgument naming the flag); `*watermill`: the mode.
+Status ParseWatermillFlags(const WatermillFlags& flags, bool* watermill,
+                           pipeline::WatermillSettings* settings);
 
 struct RelayConfig {
   std::string database_url;
@@ -76,6 +94,29 @@ struct RelayConfig {
   int64_t row_count_interval_s = 60;
   LogConfig log;
 
+  // --table-mode=watermill: watermill-sql's tables (pipeline/watermill.h).
+  WatermillFlags watermill_flags;
+  std::string watermill_consumer_group;  // the forwarder's ConsumerGroup ("" usually)
+  int64_t watermill_discover_interval_s = 10;
+  int64_t watermill_join_lock_timeout_ms = 2000;
+  std::string uuid_in_metadata_flag = "watermill";  // --uuid-in-metadata: watermill | drop
+  // The replication connection's URL when it must differ from DATABASE_URL
+  // (e.g. DATABASE_URL goes through a pooler, which cannot replicate): the
+  // same database. "" = DATABASE_URL.
+  std::string replication_database_url;
+  // Timeouts: how a silent peer is found and replaced (docs/configuration.md,
+  // "Timeouts"; docs/runbook.md, "A silent network").
+  int64_t pg_connect_timeout_s = 10;
+  int64_t pg_tcp_user_timeout_ms = 30000;
+  int64_t pg_keepalives_idle_s = 15;
+  int64_t pg_keepalives_interval_s = 5;
+  int64_t pg_keepalives_count = 3;
+  int64_t pg_statement_timeout_ms = 30000;
+  int64_t pg_receive_timeout_ms = 30000;
+  int64_t kafka_delivery_timeout_ms = 0;  // off: see --kafka-delivery-timeout-ms
+  int64_t kafka_socket_timeout_ms = 30000;
+  int64_t kafka_connect_timeout_ms = 10000;
+
   // Filled by Validate():
   pg::QualifiedName table_name;
   SinkKind sink = SinkKind::kKafka;
@@ -83,11 +124,21 @@ struct RelayConfig {
   pipeline::OnPoison on_poison = pipeline::OnPoison::kDeadLetter;
   pipeline::OnSlotLost on_slot_lost = pipeline::OnSlotLost::kReconcile;
   std::vector<std::pair<std::string, std::string>> kafka_property_pairs;
+  bool watermill = false;  // table_mode == "watermill"
+  pipeline::WatermillSettings watermill_settings;
+  pg::NetworkOptions pg_network;  // from the pg_* timeouts
+
+  // The replication connection's URL (replication_database_url or database_url).
+  const std::string& replication_url() const {
+    return replication_database_url.empty() ? database_url : replication_database_url;
+  }
 };
 
 // Registers the flags of `run` on `app`, bound to `config`.
 void AddRunFlags(CLI::App& app, RelayConfig& config);
 void AddLogFlags(CLI::App& app, LogConfig& config);
+// The timeouts and the replication URL (part of AddRunFlags).
+void AddNetworkFlags(CLI::App& app, RelayConfig& config);
 
 // Checks values that flags alone cannot (kInvalidArgument naming the setting).
 Status Validate(RelayConfig& config);

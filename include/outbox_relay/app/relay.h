@@ -21,21 +21,26 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include "outbox_relay/app/config.h"
 #include "outbox_relay/app/sampler.h"
 #include "outbox_relay/core/result.h"
 #include "outbox_relay/marker/marker.h"
+#include "outbox_relay/marker/watermill_progress.h"
 #include "outbox_relay/metrics/http_server.h"
 #include "outbox_relay/metrics/metrics.h"
+#include "outbox_relay/pg/replication.h"
 #include "outbox_relay/pipeline/publisher.h"
 #include "outbox_relay/pipeline/slot_setup.h"
 #include "outbox_relay/pipeline/stats.h"
 #include "outbox_relay/pipeline/stop.h"
 #include "outbox_relay/pipeline/stream_session.h"
+#include "outbox_relay/pipeline/watermill.h"
 #include "outbox_relay/tracking/ack_tracker.h"
 
 namespace outbox_relay::app {
@@ -55,6 +60,8 @@ class Relay {
   // Table, relay schema, publication, sink, marker, publisher: everything
   // that can be checked before touching the slot.
   Status Prepare();
+  // --table-mode=seed: the table exists and has the columns.
+  Status PrepareSeedTable(pg::Connection& conn);
   // One replication connection, from START_REPLICATION to its end.
   Status Stream(std::optional<pipeline::StreamSession>* session,
                 std::optional<pipeline::PgSource>* source);
@@ -74,6 +81,21 @@ class Relay {
   Status RecreateSinkIfNeeded();
   // Waits (bounded) for what is in flight, dead-lettering refused records.
   void Drain(std::chrono::milliseconds bound);
+  // A new sink (Kafka producer) for the publisher; waits up to 10 s for a
+  // first answer from the brokers.
+  Status AttachSink();
+  // After a retryable failure (records Kafka did not acknowledge in time):
+  // closes the sink, forgets everything in flight and attaches a new one, so
+  // the stream restarts at the confirmed position and the server sends it
+  // all again. Without a process restart; nothing of it was confirmed.
+  Status RestartPipeline();
+  // The delivery deadline (--kafka-delivery-timeout-ms), on its own thread:
+  // fails overdue transactions in the tracker, which ends the stream.
+  void StartWatchdog();
+  void StopWatchdog();
+  // Before START_REPLICATION: our previous walsender may still hold the slot
+  // when its connection died silently (the server has not noticed yet).
+  void TerminateStaleWalsender(pg::Connection& admin, const pg::SlotInfo& slot);
   int Shutdown(pipeline::StreamSession* session, bool failed);
   Status StartHttp();
   void RefreshMetrics();
@@ -93,9 +115,20 @@ class Relay {
   // topic's max.message.bytes asked for (0: the default).
   std::string transactional_id_;
   int64_t required_batch_size_ = 0;
+  // --table-mode=watermill: the consumer group's positions (marker thread)
+  // and the tables, their backfill and their joining.
+  std::unique_ptr<marker::WatermillProgress> watermill_progress_;
+  std::unique_ptr<pipeline::WatermillTables> watermill_;
   bool need_slot_setup_ = true;
   uint32_t timeline_ = 0;                         // the timeline the last stream read (0: none yet)
   std::atomic<int64_t> last_marker_error_ns_{0};  // the marker thread writes; steady clock
+  uint64_t fatal_after_ = 0;                      // test failpoint (OUTBOX_TEST_FAULT)
+  int last_walsender_pid_ = 0;                    // of our last replication connection
+
+  std::thread watchdog_;  // touches tracker_ only
+  std::mutex watchdog_mu_;
+  std::condition_variable watchdog_cv_;
+  bool watchdog_stop_ = false;
 
   std::mutex refresh_mu_;         // RefreshMetrics (HTTP threads)
   pipeline::RelayStats counted_;  // what RefreshMetrics already added to the counters

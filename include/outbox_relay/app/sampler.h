@@ -4,6 +4,8 @@
 //     (two count(*) as the seed's collector did);
 //   every 10 s: outbox_forwarder_lag_seconds (oldest unacked created_at) and
 //     the slot's retained WAL / active flag.
+// In watermill mode "acked" means processed by the consumer group (at or
+// before its position in watermill_offsets_<topic>), summed over the tables.
 #pragma once
 
 #include <atomic>

@@ -36,14 +36,33 @@
 
 namespace outbox_relay::marker {
 
+// Progress kept somewhere other than a per-row acked column (watermill-sql's
+// offsets tables, marker::WatermillProgress). Called on the marker's thread
+// and connection: AfterMark after every marking statement, before the
+// tracker learns the batch is marked (an error is retried with the batch,
+// like a marking error); Idle when there was nothing to mark for a while,
+// and once more when the marker stops.
+class ProgressWriter {
+ public:
+  virtual ~ProgressWriter() = default;
+  virtual Status AfterMark(pg::Connection& conn) = 0;
+  virtual Status Idle(pg::Connection& conn) = 0;
+};
+
 struct MarkerOptions {
   std::string database_url;
   pg::QualifiedName table;
   std::string transaction_id_column = "transaction_id";
   std::string offset_column = "offset_consumed";
+  // Empty: no row is marked, only the commit index is written (and the
+  // progress writer, if any, records progress).
   std::string acked_column = "offset_acked";
+  ProgressWriter* progress = nullptr;  // not owned; outlives the marker
   std::string slot_name;
   size_t batch_max = 2000;  // transactions per statement
+  // Connect and statement timeouts: a black-holed connection fails its
+  // statement and is replaced (pg::NetworkOptions).
+  pg::NetworkOptions network;
 };
 
 struct MarkerStats {

@@ -68,6 +68,7 @@ class Metrics {
   prometheus::Counter& kafka_transactions_aborted() { return *kafka_txns_aborted_; }
   prometheus::Histogram& kafka_transaction_commit() { return *kafka_txn_commit_; }
   prometheus::Counter& rows_already_in_kafka() { return *skipped_; }
+  prometheus::Counter& pipeline_restarts() { return *pipeline_restarts_; }
 
  private:
   std::string service_;
@@ -84,6 +85,7 @@ class Metrics {
   prometheus::Counter *transactions_, *reconnects_, *slot_lost_, *backfilled_;
   prometheus::Counter *kafka_txns_committed_, *kafka_txns_aborted_, *skipped_;
   prometheus::Histogram* kafka_txn_commit_;
+  prometheus::Counter* pipeline_restarts_;
 
   // (topic, event_type) -> counter / (topic, result) -> histogram.
   std::mutex mu_;

@@ -95,6 +95,12 @@ class ReplicationStream {
   // Waits for the socket (readable, or writable while output is pending).
   Status Wait(std::chrono::milliseconds timeout, bool want_read = true);
   Status SendStatus(const walproto::StandbyStatusUpdate& update);
+  // Bytes the kernel has received on the connection (TCP_INFO), read or
+  // not: a slow stream (a large row on a thin link) is not a silent one.
+  // nullopt where the socket cannot tell.
+  std::optional<uint64_t> BytesReceived() const;
+  // The walsender's process id (pg_stat_replication.pid, the slot's active_pid).
+  int backend_pid() const { return PQbackendPID(conn_.get()); }
   // Sends CopyDone and consumes the rest of the stream (bounded by `timeout`).
   Status Finish(std::chrono::milliseconds timeout);
 

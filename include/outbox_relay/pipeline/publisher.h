@@ -116,6 +116,9 @@ class Publisher {
                        tracking::Transaction* tx, KeepAlive* keep);
   // Dead-letters the records the sink's threads handed over (loop thread).
   Status DeadLetterRefused(KeepAlive* keep);
+  // Forgets them instead, for a restart from the slot after CloseSink: the
+  // server sends their rows again and the broker refuses them again.
+  void DropRefused();
 
   // Too much in flight: the loop should stop reading.
   bool Backpressured() const;

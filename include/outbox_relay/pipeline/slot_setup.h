@@ -23,6 +23,7 @@
 // Thread: the loop thread; backfilled rows go through the Publisher.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "outbox_relay/core/result.h"
@@ -44,6 +45,8 @@ enum class OnSlotLost {
 
 struct SlotSetupOptions {
   std::string database_url;
+  std::string replication_database_url;  // CREATE_REPLICATION_SLOT ("": database_url)
+  pg::NetworkOptions network;            // timeouts (no statement timeout on replication)
   std::string slot;
   pg::QualifiedName table;
   outbox::ColumnNames columns;
@@ -54,6 +57,9 @@ struct SlotSetupOptions {
   int64_t backfill_batch = 5000;  // rows per keyset query
   bool failover_slot = false;     // create (or alter) the slot with failover = true (17+)
   int64_t max_in_flight = 20000;
+  // When set, the backfill of the stored snapshot (watermill mode:
+  // WatermillTables::Backfill) instead of the seed table's.
+  std::function<Status(pg::Connection&, const std::string& snapshot)> backfill_rows;
 };
 
 class SlotSetup {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <optional>
 #include <string_view>
 
@@ -26,6 +27,9 @@ class ReplicationSource {
   virtual Status SendStatus(const walproto::StandbyStatusUpdate& update) = 0;
   // Ends the stream (CopyDone) and drains what the server still sends.
   virtual Status Finish(std::chrono::milliseconds timeout) = 0;
+  // Bytes that reached the connection so far, read or not (nullopt: unknown;
+  // then only whole messages tell that the server is there).
+  virtual std::optional<uint64_t> BytesReceived() const { return std::nullopt; }
 };
 
 // The real thing: a started pg::ReplicationStream.
@@ -38,6 +42,7 @@ class PgSource final : public ReplicationSource {
     return stream_.SendStatus(update);
   }
   Status Finish(std::chrono::milliseconds timeout) override { return stream_.Finish(timeout); }
+  std::optional<uint64_t> BytesReceived() const override { return stream_.BytesReceived(); }
 
  private:
   pg::ReplicationStream stream_;

@@ -25,6 +25,10 @@ struct RelayStats {
   std::atomic<uint64_t> slot_lost{0};   // slots found missing/invalidated and recreated
   std::atomic<uint64_t> backfilled{0};  // rows published from a snapshot backfill
   std::atomic<uint64_t> already_in_kafka{0};  // exactly-once: re-sent rows not produced again
+  // Watermill tables: streamed rows skipped because the consumer group had
+  // processed them (the polling forwarder published them) when the stream started.
+  std::atomic<uint64_t> already_processed{0};
+  std::atomic<uint64_t> pipeline_restarts{0};  // producer replaced after a delivery timeout
   std::atomic<uint64_t> keepalives{0};
   std::atomic<uint64_t> status_updates{0};
   std::atomic<int64_t> last_commit_unix_micros{0};

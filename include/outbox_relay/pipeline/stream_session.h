@@ -22,17 +22,20 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <optional>
 
 #include "outbox_relay/core/result.h"
 #include "outbox_relay/outbox/record.h"
 #include "outbox_relay/pg/connection.h"
 #include "outbox_relay/pgoutput/decoder.h"
+#include "outbox_relay/pipeline/liveness.h"
 #include "outbox_relay/pipeline/progress.h"
 #include "outbox_relay/pipeline/publisher.h"
 #include "outbox_relay/pipeline/source.h"
 #include "outbox_relay/pipeline/stats.h"
 #include "outbox_relay/pipeline/stop.h"
+#include "outbox_relay/pipeline/tables.h"
 #include "outbox_relay/tracking/ack_tracker.h"
 
 namespace outbox_relay::pipeline {
@@ -40,8 +43,19 @@ namespace outbox_relay::pipeline {
 struct SessionOptions {
   pg::QualifiedName table;  // the outbox table, as Relation messages name it
   outbox::ColumnNames columns;
+  // Watermill mode: the tables (when empty: `table`, of the seed's kind), and
+  // per table the consumer group's position when the stream started.
+  std::vector<OutboxTable> tables;
+  std::map<std::string, outbox::TablePosition> processed;
+  TableRouter::Selects selects;  // see TableRouter
+  // When set and true: end the session between transactions with kTransient
+  // (the supervisor lets new tables join the publication, then reconnects).
+  const std::atomic<bool>* end_requested = nullptr;
   std::chrono::milliseconds status_interval{1000};
   std::chrono::milliseconds stop_grace{12500};
+  // Silence bound (Liveness): a connection that sends nothing this long
+  // while the loop listens is taken for dead. 0: off.
+  std::chrono::milliseconds receive_timeout{0};
 };
 
 class StreamSession final : public KeepAlive {
@@ -61,7 +75,7 @@ class StreamSession final : public KeepAlive {
 
   // A status update now if `force`, else when one is due (Progress).
   Status SendStatus(bool force);
-  Status Touch() override { return SendStatus(false); }
+  Status Touch() override;
   ReplicationSource& source() { return *source_; }
   const Progress& progress() const { return progress_; }
 
@@ -80,11 +94,11 @@ class StreamSession final : public KeepAlive {
   const std::atomic<int64_t>* const last_marker_error_ns_;
 
   Progress progress_;
+  Liveness liveness_;
   pgoutput::RelationCache relations_;
   pgoutput::DecodedMessage message_;
   pgoutput::DecodedMessage insert_message_;  // its own: tuple storage survives Begin/Commit
-  pgoutput::Oid outbox_relid_ = 0;
-  std::optional<outbox::ColumnMap> columns_;
+  TableRouter router_;
   tracking::Transaction* open_tx_ = nullptr;
   std::chrono::steady_clock::time_point last_progress_log_{};
 };

@@ -68,6 +68,10 @@ struct Transaction {
   // 1 for the open transaction (released by Commit/Abandon) + 1 per message
   // not yet acknowledged. The thread that brings it to 0 completes it.
   std::atomic<int64_t> pending{1};
+  // For the delivery deadline (ExpireOverdue): messages handed over and not
+  // yet reported, and when the newest of them was handed over (steady clock).
+  std::atomic<int64_t> unreported{0};
+  std::atomic<int64_t> last_message_ns{0};
   // Guarded by the tracker's mutex:
   bool delivered = false;
   bool marked = false;
@@ -131,8 +135,9 @@ class AckTracker {
 
   // --- delivery-report thread ---
   void OnDelivered(Transaction* tx);
-  // A message failed for good: nothing at or after `tx` may be confirmed.
-  void OnFailed(Transaction* tx, std::string reason);
+  // A message failed: nothing at or after `tx` may be confirmed. `retryable`:
+  // the transaction can be sent again from the slot (see Restart).
+  void OnFailed(Transaction* tx, std::string reason, bool retryable = false);
 
   // --- marker thread ---
   // Waits up to `timeout` for delivered transactions and moves up to `max` of
@@ -140,8 +145,33 @@ class AckTracker {
   void TakeDelivered(std::vector<Transaction*>* out, size_t max, std::chrono::milliseconds timeout);
   void OnMarked(const std::vector<Transaction*>& txs);
 
+  // --- delivery deadline (any thread) ---
+  // If the oldest transaction with messages not yet reported handed over its
+  // newest one `timeout` or more before `now`, every one of those messages is
+  // that old: fails it (retryable) and returns why; nullopt otherwise.
+  std::optional<std::string> ExpireOverdue(std::chrono::steady_clock::time_point now,
+                                           std::chrono::milliseconds timeout);
+  // Every failure so far can be retried from the slot.
+  bool failure_retryable() const;
+  // After a retryable failure, once no message can be reported any more (the
+  // sink is closed) and the marker holds nothing (awaiting_mark() == 0):
+  // forgets every transaction in flight and the failure; confirmed() stays,
+  // and the stream restarts there, so the server sends them all again.
+  // False (nothing changed) while the marker still holds some.
+  bool Restart();
+
   // --- anyone ---
   Lsn confirmed() const { return Lsn(confirmed_.load(std::memory_order_acquire)); }
+  // Every transaction whose commit ends at or before this position has been
+  // received from the stream and delivered (acknowledged by Kafka), marked or
+  // not: the first undelivered transaction's commit LSN, or, when all are
+  // delivered, the furthest position known to be received (a commit's end,
+  // an idle keepalive's WAL end, the confirmed position). Watermill's
+  // progress may cover a transaction id only once every transaction that
+  // finished before it was sampled is delivered (marker::WatermillProgress).
+  // Meaningless while a backfill runs (its transactions have no LSN: then
+  // it is 0 or the slot's start).
+  Lsn DeliveredThrough() const;
   bool empty() const;  // nothing in flight
   int64_t rows_in_flight() const { return rows_in_flight_.load(std::memory_order_relaxed); }
   size_t awaiting_mark() const;
@@ -166,13 +196,15 @@ class AckTracker {
   std::deque<Transaction*> to_mark_;                    // delivered, not taken yet
   std::atomic<size_t> awaiting_mark_{0};                // written under mu_, read without it
   std::optional<std::string> failure_;
+  bool failure_retryable_ = false;
   uint64_t failed_seq_ = UINT64_MAX;  // nothing at or after it is confirmed
   std::atomic<uint64_t> confirmed_{0};
   std::atomic<int64_t> rows_in_flight_{0};
   uint64_t next_seq_ = 0;
   const bool marking_;
   bool unsafe_confirm_newest_ = false;
-  std::atomic<uint64_t> newest_end_{0};  // end of the last committed transaction received
+  std::atomic<uint64_t> newest_end_{0};    // end of the last committed transaction received
+  std::atomic<uint64_t> idle_wal_end_{0};  // wal_end of the last keepalive between transactions
 };
 
 }  // namespace outbox_relay::tracking

@@ -38,5 +38,67 @@ TEST(Validate, APropertyThatIsNotKeyValueIsRefusedWithoutRepeatingIt) {
   EXPECT_EQ(st.error().message.find("hunter2"), std::string::npos) << st.error().message;
 }
 
+RelayConfig Minimal() {
+  RelayConfig c;
+  c.database_url = "postgresql://x@localhost/db";
+  c.kafka_brokers = "localhost:9092";
+  return c;
+}
+
+TEST(Validate, WatermillModeParsesTablesPatternAndMaps) {
+  RelayConfig c = Minimal();
+  c.watermill_flags.table_mode = "watermill";
+  c.watermill_flags.tables = R"(watermill_orders, app."watermill_Orders.v1" ,)";
+  c.watermill_flags.forwarder_tables = "watermill_forwarder_topic";
+  c.watermill_flags.pattern = "public.watermill_*";
+  c.watermill_flags.topic_map = "public.outbox=outbox,app.t=a=b";
+  c.watermill_flags.offsets_map = "outbox=app.offsets";
+  c.watermill_consumer_group = "fwd";
+  auto st = Validate(c);
+  ASSERT_TRUE(st.has_value()) << st.error().message;
+  ASSERT_TRUE(c.watermill);
+  const auto& w = c.watermill_settings;
+  ASSERT_EQ(w.tables.size(), 2u);
+  EXPECT_EQ(w.tables[0].ToString(), "public.watermill_orders");
+  EXPECT_EQ(w.tables[1].ToString(), "app.watermill_Orders.v1");
+  ASSERT_EQ(w.forwarder_tables.size(), 1u);
+  ASSERT_TRUE(w.pattern.has_value());
+  EXPECT_EQ(w.pattern->name, "watermill_*");
+  EXPECT_EQ(w.topics.at("public.outbox"), "outbox");
+  EXPECT_EQ(w.topics.at("app.t=a"), "b");  // the last '=' separates (topics hold no '=')
+  EXPECT_EQ(w.offsets.at("public.outbox").ToString(), "app.offsets");
+  EXPECT_EQ(w.consumer_group, "fwd");
+}
+
+TEST(Validate, WatermillModeNeedsTablesAndWellFormedMaps) {
+  RelayConfig c = Minimal();
+  c.watermill_flags.table_mode = "watermill";
+  auto st = Validate(c);
+  ASSERT_FALSE(st.has_value());
+  EXPECT_NE(st.error().message.find("--watermill-tables"), std::string::npos);
+  c.watermill_flags.tables = "watermill_orders";
+  c.watermill_flags.topic_map = "no-equals-sign";
+  st = Validate(c);
+  ASSERT_FALSE(st.has_value());
+  EXPECT_NE(st.error().message.find("--watermill-topic-map"), std::string::npos);
+  c.watermill_flags.topic_map = "";
+  c.watermill_flags.table_mode = "neither";
+  st = Validate(c);
+  ASSERT_FALSE(st.has_value());
+  EXPECT_NE(st.error().message.find("--table-mode"), std::string::npos);
+}
+
+TEST(Validate, SeedModeIsTheDefaultAndUuidInMetadataIsParsed) {
+  RelayConfig c = Minimal();
+  ASSERT_TRUE(Validate(c).has_value());
+  EXPECT_FALSE(c.watermill);
+  EXPECT_EQ(c.mapper.uuid_in_metadata, outbox::UuidInMetadata::kWatermill);
+  c.uuid_in_metadata_flag = "drop";
+  ASSERT_TRUE(Validate(c).has_value());
+  EXPECT_EQ(c.mapper.uuid_in_metadata, outbox::UuidInMetadata::kDrop);
+  c.uuid_in_metadata_flag = "keep";
+  EXPECT_FALSE(Validate(c).has_value());
+}
+
 }  // namespace
 }  // namespace outbox_relay::app

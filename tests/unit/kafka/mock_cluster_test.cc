@@ -52,6 +52,10 @@ std::string KeyFor(int32_t partition, int n) {
 // which transactions are fully acknowledged to judge the tracker with.
 class MockClusterTest : public ::testing::Test {
  protected:
+  // The producer's poller threads call OnDelivery until the producer is gone:
+  // it goes first, before the members that callback uses.
+  ~MockClusterTest() override { producer_.reset(); }
+
   void Start(std::vector<std::pair<std::string, std::string>> extra = {}) {
     ProducerOptions opts;
     opts.brokers = "";  // the mock cluster provides the bootstrap servers

@@ -196,12 +196,23 @@ TEST(MetadataParse, InvalidUtf8IsPoison) {
   EXPECT_THAT(MustFail("{\"a\":\"\xED\xA0\x80\"}").message, HasSubstr("UTF-8"));  // CESU surrogate
 }
 
-// Go's decoder would turn a lone surrogate into U+FFFD; simdjson rejects it.
-// PostgreSQL's json input rejects it too, so such a row cannot be in the table.
-TEST(MetadataParse, LoneSurrogateEscapeIsPoison) {
-  EXPECT_THAT(MustFail(R"({"a":"\ud83d"})").message, HasSubstr("not valid JSON"));
-  EXPECT_THAT(MustFail(R"({"a":"\ude00"})").message, HasSubstr("not valid JSON"));
-  EXPECT_THAT(MustFail(R"({"a":"\ud83d\u0041"})").message, HasSubstr("not valid JSON"));
+// PostgreSQL's json type accepts an unpaired surrogate escape (JavaScript's
+// JSON.stringify writes them); Go's decoder makes each one U+FFFD and the
+// pipeline publishes the row, so the relay does the same.
+TEST(MetadataParse, LoneSurrogateEscapeDecodesToReplacementCharacterAsGoDoes) {
+  const std::string fffd = "\xEF\xBF\xBD";
+  Metadata m;
+  EXPECT_THAT(MustParse(m, R"({"a":"a\ud83db"})"), ElementsAre(Pair("a", "a" + fffd + "b")));
+  EXPECT_THAT(MustParse(m, R"({"a":"\ude00"})"), ElementsAre(Pair("a", fffd)));
+  // A high surrogate followed by a non-surrogate: U+FFFD, then the other escape.
+  EXPECT_THAT(MustParse(m, R"({"a":"\ud83d\u0041"})"), ElementsAre(Pair("a", fffd + "A")));
+  // Two highs, then a low: U+FFFD for the first, the pair for the rest.
+  EXPECT_THAT(MustParse(m, R"({"a":"\ud83d\ud83d\ude00"})"),
+              ElementsAre(Pair("a", fffd + "\xF0\x9F\x98\x80")));
+  // Low then high: both unpaired.
+  EXPECT_THAT(MustParse(m, R"({"a":"\ude00\ud83d"})"), ElementsAre(Pair("a", fffd + fffd)));
+  // In a key too; an escaped backslash before "u" is no escape.
+  EXPECT_THAT(MustParse(m, R"({"k\udc00":"\\ud83d"})"), ElementsAre(Pair("k" + fffd, "\\ud83d")));
 }
 
 TEST(MetadataParse, UnescapedControlCharacterIsPoison) {

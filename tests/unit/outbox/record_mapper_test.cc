@@ -396,8 +396,25 @@ TEST_F(RecordMapperTest, EventTypeIsEmptyWhenAbsent) {
   EXPECT_THAT(Copy(r.headers), ElementsAre(Pair("_watermill_message_uuid", std::string(kUuid))));
 }
 
-TEST_F(RecordMapperTest, EmptyReservedUuidKeyInMetadataIsDropped) {
+// watermill-kafka's marshaler sends an empty `_watermill_message_uuid`
+// metadata entry as a second UUID header (its subscriber then reads the empty
+// value as the UUID): by default the relay's record is the same.
+TEST_F(RecordMapperTest, EmptyReservedUuidKeyInMetadataIsSentAsWatermillSendsIt) {
   RecordMapper mapper = Mapper();
+  Row row;
+  row.metadata = Text(
+      R"({"Event-Type":"review.created","Source-Service":"review","_watermill_message_uuid":""})");
+  const KafkaRecord& r = MustMap(mapper, row);
+  EXPECT_THAT(Copy(r.headers),
+              ElementsAre(Pair("_watermill_message_uuid", std::string(kUuid)),
+                          Pair("Event-Type", "review.created"), Pair("Source-Service", "review"),
+                          Pair("_watermill_message_uuid", "")));
+}
+
+TEST_F(RecordMapperTest, EmptyReservedUuidKeyInMetadataIsDroppedWhenAsked) {
+  MapperOptions options;
+  options.uuid_in_metadata = UuidInMetadata::kDrop;
+  RecordMapper mapper = Mapper(options);
   Row row;
   row.metadata = Text(
       R"({"Event-Type":"review.created","Source-Service":"review","_watermill_message_uuid":""})");

@@ -328,5 +328,28 @@ TEST(AckTracker, ConcurrentRandomAcksNeverConfirmPastAnIncompleteTransaction) {
   EXPECT_EQ(t.confirmed(), Lsn(1000 + (kTx - 1) * 10));
 }
 
+// Watermill's progress may cover a transaction id only once everything that
+// committed before a sampled WAL position is delivered: DeliveredThrough.
+TEST(AckTracker, DeliveredThroughIsTheFirstUndeliveredCommitOrWhatWasReceived) {
+  AckTracker t(Lsn(50));
+  EXPECT_EQ(t.DeliveredThrough(), Lsn(50)) << "nothing received: the confirmed position";
+  Transaction* a = AddTx(t, 100, 1);
+  Transaction* b = AddTx(t, 200, 1);
+  EXPECT_EQ(t.DeliveredThrough(), Lsn(99)) << "a's commit record starts at 99";
+  t.OnDelivered(b);
+  EXPECT_EQ(t.DeliveredThrough(), Lsn(99)) << "b delivered, a not: nothing past a";
+  t.OnDelivered(a);
+  EXPECT_EQ(t.DeliveredThrough(), Lsn(200)) << "delivered, not yet marked: still counts";
+  MarkAll(t);
+  EXPECT_EQ(t.DeliveredThrough(), Lsn(200));
+  t.FollowServer(Lsn(300));  // an idle keepalive between transactions
+  EXPECT_EQ(t.DeliveredThrough(), Lsn(300));
+  Transaction* c = AddTx(t, 400, 1);
+  t.FollowServer(Lsn(500));  // seen while c is in flight: nothing past c
+  EXPECT_EQ(t.DeliveredThrough(), Lsn(399));
+  t.OnDelivered(c);
+  EXPECT_EQ(t.DeliveredThrough(), Lsn(500));
+}
+
 }  // namespace
 }  // namespace outbox_relay::tracking

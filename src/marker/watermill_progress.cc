@@ -1,0 +1,151 @@
+#include "outbox_relay/marker/watermill_progress.h"
+
+#include <spdlog/spdlog.h>
+
+#include <charconv>
+#include <utility>
+
+namespace outbox_relay::marker {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Samples are taken at most this often, and at most this many kept: when
+// the relay lags far behind the WAL, the older half is thinned out.
+constexpr auto kSampleEvery = std::chrono::milliseconds(20);
+constexpr size_t kMaxSamples = 256;
+constexpr auto kIdleEvery = std::chrono::milliseconds(200);
+
+uint64_t ParseU64(std::string_view text) {
+  uint64_t v = 0;
+  std::from_chars(text.data(), text.data() + text.size(), v);
+  return v;
+}
+
+}  // namespace
+
+WatermillProgress::WatermillProgress(std::vector<WatermillProgressTable> tables,
+                                     std::string consumer_group, tracking::AckTracker* tracker)
+    : tables_(std::move(tables)), group_(std::move(consumer_group)), tracker_(tracker) {
+  written_bound_.assign(tables_.size(), 0);
+}
+
+void WatermillProgress::SetStreaming(bool on) {
+  std::lock_guard lock(mu_);
+  streaming_.store(on);
+  // Samples from before a backfill are dropped: simpler than proving them
+  // still usable against positions the backfill moved.
+  samples_.clear();
+}
+
+void WatermillProgress::SetTables(std::vector<WatermillProgressTable> tables) {
+  std::lock_guard lock(mu_);
+  next_tables_ = std::move(tables);
+  tables_changed_.store(true);
+}
+
+Status WatermillProgress::AfterMark(pg::Connection& conn) { return Advance(conn); }
+
+Status WatermillProgress::Idle(pg::Connection& conn) {
+  auto now = Clock::now();
+  if (now - last_idle_ < kIdleEvery) return Ok();
+  last_idle_ = now;
+  return Advance(conn);
+}
+
+Status WatermillProgress::Advance(pg::Connection& conn) {
+  std::unique_lock lock(mu_);
+  if (tables_changed_.exchange(false)) {
+    tables_ = std::move(next_tables_);
+    next_tables_.clear();
+    written_bound_.assign(tables_.size(), 0);
+  }
+  if (!streaming_.load() || tables_.empty()) return Ok();
+
+  auto now = Clock::now();
+  if (samples_.empty() || now - samples_.back().at >= kSampleEvery) {
+    // One statement: its snapshot is taken before the WAL position is read.
+    lock.unlock();
+    auto res = conn.Exec(
+        "SELECT pg_snapshot_xmin(pg_current_snapshot())::text, "
+        "pg_current_wal_insert_lsn()::text");
+    if (!res) return std::unexpected(res.error());
+    auto wal = Lsn::Parse(pg::GetValue(res->get(), 0, 1).value_or("0/0"));
+    if (!wal) return std::unexpected(wal.error());
+    Sample sample{ParseU64(pg::GetValue(res->get(), 0, 0).value_or("0")), *wal, now};
+    lock.lock();
+    if (!streaming_.load()) return Ok();
+    samples_.push_back(sample);
+    if (samples_.size() > kMaxSamples) {
+      // Keep every other one of the older half.
+      std::deque<Sample> thinned;
+      for (size_t i = 0; i < samples_.size(); ++i) {
+        if (i >= samples_.size() / 2 || i % 2 == 0) thinned.push_back(samples_[i]);
+      }
+      samples_.swap(thinned);
+    }
+  }
+  // The newest sample whose WAL position every delivered transaction covers.
+  const Lsn delivered = tracker_->DeliveredThrough();
+  while (!samples_.empty() && samples_.front().wal <= delivered) {
+    bound_ = std::max(bound_, samples_.front().xmin);
+    samples_.pop_front();
+  }
+  const uint64_t bound = bound_;
+  std::vector<WatermillProgressTable> tables = tables_;
+  std::vector<uint64_t> written = written_bound_;
+  lock.unlock();
+
+  for (size_t i = 0; i < tables.size(); ++i) {
+    if (bound <= written[i]) continue;
+    auto moved = AdvanceTo(conn, tables[i], group_, bound);
+    if (!moved) return std::unexpected(moved.error());
+    written[i] = bound;
+    if (*moved) written_.fetch_add(1, std::memory_order_relaxed);
+  }
+  lock.lock();
+  if (written_bound_.size() == written.size()) written_bound_ = written;
+  return Ok();
+}
+
+Result<std::optional<WatermillPosition>> WatermillProgress::AdvanceTo(
+    pg::Connection& conn, const WatermillProgressTable& table, const std::string& group,
+    uint64_t below_xid, std::optional<WatermillPosition> upto) {
+  // The subscriber's own AckMessageQuery upsert, except that it never moves
+  // a position back (the relay and a polling forwarder are never meant to
+  // run together, but a stale write must not undo a newer one).
+  std::string sql = fmt::format(
+      "WITH target AS (SELECT transaction_id, \"offset\" FROM {messages}"
+      " WHERE transaction_id < $2::xid8{upto}"
+      " ORDER BY transaction_id DESC, \"offset\" DESC LIMIT 1)"
+      " INSERT INTO {offsets} AS o (consumer_group, offset_acked, last_processed_transaction_id)"
+      " SELECT $1, t.\"offset\", t.transaction_id FROM target t"
+      " ON CONFLICT (consumer_group) DO UPDATE SET offset_acked = excluded.offset_acked,"
+      " last_processed_transaction_id = excluded.last_processed_transaction_id"
+      " WHERE (o.last_processed_transaction_id, COALESCE(o.offset_acked, 9223372036854775807))"
+      " < (excluded.last_processed_transaction_id, excluded.offset_acked)"
+      " RETURNING last_processed_transaction_id::text, offset_acked",
+      fmt::arg("messages", table.messages.Quoted()), fmt::arg("offsets", table.offsets.Quoted()),
+      fmt::arg("upto", upto ? " AND (transaction_id, \"offset\") <= ($3::xid8, $4::bigint)" : ""));
+  std::vector<std::optional<std::string>> params = {group, std::to_string(below_xid)};
+  if (upto) {
+    params.emplace_back(std::to_string(upto->transaction_id));
+    params.emplace_back(std::to_string(upto->offset));
+  }
+  auto res = conn.ExecParams(sql, params);
+  if (!res) {
+    return Fail(res.error().code, "writing the Watermill position of {} to {}: {}",
+                table.messages.ToString(), table.offsets.ToString(), res.error().message);
+  }
+  if (PQntuples(res->get()) == 0) return std::optional<WatermillPosition>();
+  WatermillPosition p;
+  p.transaction_id = ParseU64(pg::GetValue(res->get(), 0, 0).value_or("0"));
+  auto offset = pg::GetValue(res->get(), 0, 1).value_or("0");
+  std::from_chars(offset.data(), offset.data() + offset.size(), p.offset);
+  spdlog::debug("watermill position of {} for group '{}': ({}, {})", table.messages.ToString(),
+                group, p.transaction_id, p.offset);
+  return std::optional<WatermillPosition>(p);
+}
+
+}  // namespace outbox_relay::marker

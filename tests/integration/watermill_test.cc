@@ -1,0 +1,282 @@
+// --table-mode=watermill against the real services: the consumer group's
+// position follows watermill-sql's rule (never past a transaction that can
+// still commit behind it), and the first start publishes exactly what the
+// group has not processed. (tests/compat compares every record with the real
+// Watermill code; these pin the progress semantics one case at a time.)
+#include <fmt/format.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "fixture.h"
+#include "ops_support.h"
+
+namespace outbox_test {
+namespace {
+
+using std::chrono::seconds;
+
+class Watermill : public RelayTest {
+ protected:
+  void SetUp() override {
+    RelayTest::SetUp();
+    topic_ = topic_prefix_ + ".orders";
+    // watermill-sql's DDL (DefaultPostgreSQLSchema, v3.1+/v4) under the fixture's
+    // name; the offsets table under the side table's name (both dropped at TearDown).
+    db_->Exec(fmt::format(
+        "CREATE TABLE {} (\"offset\" BIGSERIAL, \"uuid\" VARCHAR(36) NOT NULL, "
+        "\"created_at\" TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP, \"payload\" JSON DEFAULT "
+        "NULL, \"metadata\" JSON DEFAULT NULL, \"transaction_id\" xid8 NOT NULL, "
+        "PRIMARY KEY (\"transaction_id\", \"offset\"))",
+        QuoteIdent(name_)));
+  }
+
+  std::vector<std::string> WatermillArgs() const {
+    return {"--table-mode",
+            "watermill",
+            "--watermill-tables",
+            "public." + name_,
+            "--watermill-topic-map",
+            fmt::format("public.{}={}", name_, topic_),
+            "--watermill-offsets-table-map",
+            fmt::format("public.{}=public.{}", name_, other_table_),
+            "--watermill-consumer-group",
+            "g",
+            "--create-topics",
+            "true"};
+  }
+
+  // One row, as watermill-sql inserts it (in `pg`'s open transaction, if any).
+  std::string Insert(Pg& pg, int n) {
+    std::string uuid = NewUlid();
+    pg.Exec(fmt::format("INSERT INTO {} (uuid, payload, metadata, transaction_id) VALUES ($1, "
+                        "$2, $3, pg_current_xact_id())",
+                        QuoteIdent(name_)),
+            {uuid, fmt::format(R"({{"n":{}}})", n), fmt::format(R"({{"n":"{}"}})", n)});
+    return uuid;
+  }
+
+  // The group's (last_processed_transaction_id, offset_acked), "" without a row.
+  std::string Position() {
+    auto rows = db_->Query(
+        fmt::format("SELECT last_processed_transaction_id::text || '/' || offset_acked FROM {} "
+                    "WHERE consumer_group = 'g'",
+                    QuoteIdent(other_table_)));
+    return rows.empty() ? std::string() : rows[0][0].value_or("");
+  }
+
+  // The table's last row in (transaction_id, "offset") order, as Position() prints it.
+  std::string LastRow() {
+    return db_
+        ->Scalar(fmt::format("SELECT transaction_id::text || '/' || \"offset\" FROM {} ORDER BY "
+                             "transaction_id DESC, \"offset\" DESC LIMIT 1",
+                             QuoteIdent(name_)))
+        .value_or("");
+  }
+
+  std::set<std::string> UuidsInKafka(size_t at_least) {
+    ReadOptions o;
+    o.max_records = at_least;
+    o.timeout = std::chrono::milliseconds(30000);
+    std::set<std::string> out;
+    for (const KafkaRecord& r : kafka_->Read({topic_}, "", o)) {
+      if (const KafkaHeader* h = r.FindHeader("_watermill_message_uuid")) out.insert(*h->value);
+    }
+    return out;
+  }
+
+  std::string topic_;
+};
+
+TEST_F(Watermill, PositionNeverPassesATransactionThatCanStillCommitBehindIt) {
+  RelayProcess& relay = StartRelay(WatermillArgs());
+  ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
+  // A takes the smaller xid and stays open; B commits after it.
+  Pg a(env_.database_url);
+  Pg b(env_.database_url);
+  a.Exec("BEGIN");
+  std::string ua = Insert(a, 1);
+  b.Exec("BEGIN");
+  std::string ub = Insert(b, 2);
+  b.Exec("COMMIT");
+  auto seen = UuidsInKafka(1);
+  ASSERT_TRUE(seen.contains(ub)) << "B is published while A is open";
+  // Marking rounds and idle rounds go by: the position must not cover B,
+  // since A (smaller xid) can still commit; a polling subscriber starting
+  // there would skip A's row for ever.
+  std::this_thread::sleep_for(seconds(3));
+  EXPECT_EQ(Position(), "") << "no row lies below A's xid, so no position yet";
+  a.Exec("COMMIT");
+  seen = UuidsInKafka(2);
+  EXPECT_TRUE(seen.contains(ua));
+  // Now nothing is in flight and nothing can commit behind B: the position
+  // reaches the last row.
+  auto deadline = std::chrono::steady_clock::now() + seconds(30);
+  while (Position() != LastRow() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_EQ(Position(), LastRow()) << relay.LogTail();
+  relay.Terminate();
+  EXPECT_EQ(relay.Wait(seconds(30)), std::optional<int>(0)) << relay.LogTail();
+}
+
+TEST_F(Watermill, FirstStartPublishesWhatTheGroupHasNotProcessedAndNothingElse) {
+  std::vector<std::string> uuids;
+  for (int i = 0; i < 10; ++i) uuids.push_back(Insert(*db_, i));  // ten transactions
+  // The polling forwarder's position: the fourth row processed.
+  db_->Exec(
+      fmt::format("CREATE TABLE {} (consumer_group VARCHAR(255) NOT NULL, offset_acked BIGINT, "
+                  "last_processed_transaction_id xid8 NOT NULL, PRIMARY KEY(consumer_group))",
+                  QuoteIdent(other_table_)));
+  db_->Exec(
+      fmt::format("INSERT INTO {o} SELECT 'g', \"offset\", transaction_id FROM {t} "
+                  "ORDER BY transaction_id, \"offset\" OFFSET 3 LIMIT 1",
+                  fmt::arg("o", QuoteIdent(other_table_)), fmt::arg("t", QuoteIdent(name_))));
+  RelayProcess& relay = StartRelay(WatermillArgs());
+  ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
+  std::string late = Insert(*db_, 10);
+  auto seen = UuidsInKafka(7);
+  std::set<std::string> want(uuids.begin() + 4, uuids.end());
+  want.insert(late);
+  EXPECT_EQ(seen, want) << relay.LogTail();
+  auto deadline = std::chrono::steady_clock::now() + seconds(30);
+  while (Position() != LastRow() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_EQ(Position(), LastRow());
+  relay.Terminate();
+  EXPECT_EQ(relay.Wait(seconds(30)), std::optional<int>(0)) << relay.LogTail();
+}
+
+// Concurrent writers (some transactions roll back) while the relay runs, is
+// stopped and starts again on its slot: every committed row arrives, nothing
+// else does, each key's rows in commit order in one partition; the copies a
+// restart may publish twice are counted. Keys from the metadata field
+// aggregate_id (--watermill-key-field).
+TEST_F(Watermill, LoadAcrossARestartLosesNothingAndKeepsEachKeysOrder) {
+  std::vector<std::string> args = WatermillArgs();
+  args.insert(args.end(), {"--watermill-key-field", "aggregate_id"});
+  RelayProcess* relay = &StartRelay(args);
+  ASSERT_TRUE(WaitStreaming(*relay)) << relay->LogTail();
+  Ledger ledger;
+  std::atomic<bool> stop{false};
+  std::mutex error_mu;
+  std::string error;
+  std::vector<std::thread> writers;
+  for (int w = 0; w < 3; ++w) {
+    writers.emplace_back([&, w] {
+      try {
+        Pg pg(env_.database_url);
+        std::map<std::string, int64_t> seq;  // per aggregate: the last committed
+        for (int i = 0; !stop.load(); ++i) {
+          std::string agg = fmt::format("w{}-a{}", w, i % 5);
+          pg.Exec("BEGIN");
+          std::string xid = pg.Scalar("SELECT pg_current_xact_id()::text").value_or("");
+          std::vector<WrittenRow> rows;
+          int64_t next = seq[agg];
+          for (int k = 0; k < 1 + i % 3; ++k) {
+            WrittenRow r;
+            r.uuid = NewUlid();
+            r.aggregate = agg;
+            r.seq = ++next;
+            pg.Exec(fmt::format("INSERT INTO {} (uuid, payload, metadata, transaction_id) VALUES "
+                                "($1, $2, $3, pg_current_xact_id())",
+                                QuoteIdent(name_)),
+                    {r.uuid, fmt::format(R"({{"agg":"{}","seq":{}}})", agg, r.seq),
+                     fmt::format(R"({{"aggregate_id":"{}"}})", agg)});
+            rows.push_back(std::move(r));
+          }
+          if (i % 7 == 3) {
+            pg.Exec("ROLLBACK");
+            ledger.AddRolledBack(std::move(rows));
+          } else {
+            pg.Exec("COMMIT");
+            seq[agg] = next;
+            ledger.AddCommitted(xid, std::move(rows));
+          }
+        }
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(error_mu);
+        error = e.what();
+        stop.store(true);
+      }
+    });
+  }
+  std::this_thread::sleep_for(seconds(2));
+  relay->Terminate();
+  EXPECT_EQ(relay->Wait(seconds(30)), std::optional<int>(0)) << relay->LogTail();
+  std::this_thread::sleep_for(seconds(1));  // rows committed while no relay runs
+  relay = &StartRelay(args);
+  ASSERT_TRUE(WaitStreaming(*relay)) << relay->LogTail();
+  std::this_thread::sleep_for(seconds(2));
+  stop.store(true);
+  for (auto& t : writers) t.join();
+  ASSERT_EQ(error, "");
+  ASSERT_GT(ledger.committed_count(), 0u);
+  // Progress is written after Kafka's acks: at the last row, everything is in Kafka.
+  auto deadline = std::chrono::steady_clock::now() + seconds(60);
+  while (Position() != LastRow() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_EQ(Position(), LastRow()) << relay->LogTail();
+  DeliveryReport report = CheckDelivery(ledger.committed(), ledger.rolled_back(), ReadTopics());
+  std::printf("%s\n", report.Summary().c_str());
+  EXPECT_EQ(report.lost, 0u) << report.Samples();
+  EXPECT_EQ(report.phantom, 0u) << report.Samples();
+  EXPECT_EQ(report.order_violations, 0u) << report.Samples();
+  EXPECT_EQ(report.split_aggregates, 0u) << report.Samples();
+  EXPECT_GE(report.consumed, report.committed);
+  relay->Terminate();
+  EXPECT_EQ(relay->Wait(seconds(30)), std::optional<int>(0)) << relay->LogTail();
+}
+
+// `cleanup --table-mode=watermill`: a row goes once it is past retention and
+// every consumer group in the offsets table has processed it (the smallest
+// position of all groups); younger rows and rows a group has not processed
+// stay.
+TEST_F(Watermill, CleanupDeletesOnlyOldRowsEveryConsumerGroupProcessed) {
+  std::vector<std::string> old_uuids;
+  for (int i = 0; i < 10; ++i) {  // ten transactions, ten days old
+    old_uuids.push_back(NewUlid());
+    db_->Exec(fmt::format("INSERT INTO {} (uuid, created_at, payload, metadata, transaction_id) "
+                          "VALUES ($1, now()::timestamp - interval '10 days', '{{}}', '{{}}', "
+                          "pg_current_xact_id())",
+                          QuoteIdent(name_)),
+              {old_uuids.back()});
+  }
+  std::string young = Insert(*db_, 99);
+  db_->Exec(
+      fmt::format("CREATE TABLE {} (consumer_group VARCHAR(255) NOT NULL, offset_acked BIGINT, "
+                  "last_processed_transaction_id xid8 NOT NULL, PRIMARY KEY(consumer_group))",
+                  QuoteIdent(other_table_)));
+  // Group g has processed seven rows, group slow four; the young row is
+  // processed by both (still inside retention).
+  for (auto [group, n] : {std::pair<const char*, int>{"g", 6}, {"slow", 3}}) {
+    db_->Exec(
+        fmt::format("INSERT INTO {o} SELECT '{g}', \"offset\", transaction_id FROM {t} "
+                    "ORDER BY transaction_id, \"offset\" OFFSET {n} LIMIT 1",
+                    fmt::arg("o", QuoteIdent(other_table_)), fmt::arg("g", group),
+                    fmt::arg("t", QuoteIdent(name_)), fmt::arg("n", n)));
+  }
+  CommandResult run = RunRelayCommand(
+      {"cleanup", "--table-mode", "watermill", "--watermill-tables", "public." + name_,
+       "--watermill-topic-map", fmt::format("public.{}={}", name_, topic_),
+       "--watermill-offsets-table-map", fmt::format("public.{}=public.{}", name_, other_table_),
+       "--retention-days", "7", "--batch-size", "3", "--batch-sleep-ms", "0"},
+      {{"DATABASE_URL", env_.database_url}});
+  ASSERT_EQ(run.exit_code, 0) << run.Describe();
+  std::set<std::string> left;
+  for (const Row& r : db_->Query(fmt::format("SELECT uuid FROM {}", QuoteIdent(name_)))) {
+    left.insert(*r[0]);
+  }
+  std::set<std::string> want(old_uuids.begin() + 4, old_uuids.end());
+  want.insert(young);
+  EXPECT_EQ(left, want) << run.Describe();
+}
+
+}  // namespace
+}  // namespace outbox_test

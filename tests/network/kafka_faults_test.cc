@@ -1,0 +1,134 @@
+// The relay against a 3-node KRaft cluster of the test's own (replication
+// factor 3, min.insync.replicas=2, no unclean elections), each broker's
+// client listener advertised as a Toxiproxy proxy on 127.0.0.1. The tests'
+// own readers use the brokers' internal listeners, never proxied.
+//
+// One broker black-holed (not killed: the cluster still sees it, so it stays
+// the leader of its partitions) for longer than the relay's delivery
+// deadline (--kafka-delivery-timeout-ms): the records that time out are given
+// up, never counted as delivered, and sent again from the slot once the
+// pipeline restarts; after the heal everything arrives, in order per key.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <memory>
+#include <random>
+#include <thread>
+
+#include "fixture.h"
+#include "network_support.h"
+#include "support/throwaway_kafka.h"
+#include "support/throwaway_pg.h"
+#include "support/toxiproxy.h"
+
+namespace outbox_test {
+namespace {
+
+using network::Figures;
+using network::SysClock;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+constexpr int kDeliveryTimeoutMs = 8000;
+constexpr int kSocketTimeoutMs = 3000;
+
+class NetworkKafka : public RelayTest {
+ protected:
+  void SetUp() override {
+    RelayTest::SetUp();
+    proxy_ = std::make_unique<Toxiproxy>();
+    KafkaClusterOptions o;
+    o.nodes = 3;
+    int base = 58700 + static_cast<int>(::getpid() % 40) * 4;
+    o.advertise = [this, base](size_t node, int client_port) {
+      return proxy_->CreateProxy(fmt::format("kafka{}", node),
+                                 FreeLocalPort(base + static_cast<int>(node)),
+                                 fmt::format("127.0.0.1:{}", client_port));
+    };
+    cluster_ = std::make_unique<KafkaCluster>(std::move(o));
+    reader_ = std::make_unique<KafkaReader>(cluster_->brokers());
+  }
+
+  std::unique_ptr<Toxiproxy> proxy_;
+  std::unique_ptr<KafkaCluster> cluster_;
+  std::unique_ptr<KafkaReader> reader_;
+};
+
+TEST_F(NetworkKafka, OneBrokerBlackHoledLongerThanTheDeliveryTimeout) {
+  CreateTables();
+  RelayProcess& relay = StartRelay(
+      {"--kafka-brokers", cluster_->client_brokers(), "--topic-replication-factor", "3",
+       "--kafka-socket-timeout-ms", std::to_string(kSocketTimeoutMs), "--kafka-connect-timeout-ms",
+       "2000", "--kafka-delivery-timeout-ms", std::to_string(kDeliveryTimeoutMs)},
+      {{"KAFKA_BROKERS", cluster_->client_brokers()}});
+  ASSERT_TRUE(WaitStreaming(relay, seconds(60))) << relay.LogTail();
+  Ledger ledger;
+  LoadGenerator load(
+      Workload(), &ledger, 2,
+      [](std::mt19937_64& rng) {
+        TxSpec tx;
+        tx.rows = 1 + static_cast<int>(rng() % 20);
+        tx.rollback = rng() % 10 == 0;
+        return tx;
+      },
+      std::chrono::microseconds(5000));
+  load.Start();
+  std::this_thread::sleep_for(seconds(4));
+
+  // The broker leading most of the test's partitions.
+  int32_t victim = -1;
+  int most = 0;
+  for (const auto& [node, count] : cluster_->LeaderCounts(topic_prefix_ + ".")) {
+    if (node > 0 && count > most) {
+      victim = node;
+      most = count;
+    }
+  }
+  ASSERT_GT(victim, 0) << "no partition of the test's topics has a leader";
+  std::string proxy = fmt::format("kafka{}", cluster_->IndexOf(victim));
+
+  Figures f;
+  f.scenario =
+      fmt::format("kafka broker {} of 3 black-holed 20 s (leads {} partitions)", victim, most);
+  // The watchdog looks every second: a transaction is given up at most that
+  // late after the deadline; its newest record was handed over before the
+  // fault or during it.
+  f.bound_s = (kDeliveryTimeoutMs + 1000) / 1000.0 + 1;
+  auto fault = SysClock::now();
+  proxy_->BlackHole(proxy);
+  std::this_thread::sleep_for(seconds(20));
+  f.detect_s = network::FirstLogAfter(relay.Log(), "giving them up", fault);
+  EXPECT_TRUE(f.detect_s.has_value()) << "no delivery given up in 20 s\n" << relay.LogTail();
+  size_t restarts = network::CountLogAfter(relay.Log(), "restarting the pipeline", fault);
+  proxy_->Heal(proxy);
+  auto healed = std::chrono::steady_clock::now();
+  uint64_t target = CurrentWalLsn(*db_);
+  f.recover_s = network::SecondsUntilConfirmed(*db_, name_, target, seconds(90));
+  f.recover_what = "heal -> slot confirms the WAL of the heal";
+  EXPECT_TRUE(f.recover_s.has_value()) << relay.LogTail();
+  std::this_thread::sleep_for(seconds(2));
+
+  std::string load_error = load.Stop();
+  ASSERT_EQ(load_error, "") << "writer failed";
+  uint64_t wal_after_load = CurrentWalLsn(*db_);
+  EXPECT_EQ(WaitAllAcked(seconds(90)), 0) << "rows still unacked\n" << DescribeUnacked();
+  EXPECT_EQ(MisackedRows(), 0);
+  EXPECT_GE(WaitConfirmedAtLeast(wal_after_load, seconds(30)), wal_after_load);
+  ASSERT_TRUE(relay.Running()) << "the relay exited by itself:\n" << relay.LogTail();
+  relay.Terminate();
+  EXPECT_EQ(relay.Wait(seconds(40)), std::optional<int>(0)) << relay.LogTail();
+
+  std::vector<KafkaRecord> records =
+      reader_->Read({}, topic_prefix_ + ".", {.timeout = seconds(60)});
+  f.delivery = CheckDelivery(ledger.committed(), ledger.rolled_back(), records);
+  f.notes = fmt::format(
+      "{} pipeline restarts during the hole; {} transactions; drained {:.1f} s "
+      "after the heal",
+      restarts, load.transactions(), SecondsSince(healed));
+  network::PrintFigures(f);
+  network::ExpectClean(f);
+  EXPECT_GE(restarts, 1u) << "the timed-out records were never given up";
+}
+
+}  // namespace
+}  // namespace outbox_test

@@ -1,0 +1,238 @@
+// The relay behind a fault proxy on the PostgreSQL side: the replication
+// connection and the SQL connections (marker, setup, sampler) each go
+// through a Toxiproxy proxy of their own on 127.0.0.1, and the scenarios
+// black-hole, reset and slice them under load. Every scenario prints its
+// figures (network_support.h) and holds the relay to the same rules as the
+// crash tests: nothing lost, no phantoms, per-aggregate order kept.
+//
+// The durations are short (seconds) and so are the relay's timeouts, set by
+// its flags; the server's wal_sender_timeout is lowered for the replication
+// connection only (a per-connection setting), since the detection bound
+// follows it (Liveness::ForServer: 20/2 + 5 = 15 s). It stays above that
+// bound: a walsender that gives up first closes its socket, and the proxy
+// passes the close on (a real black hole would not), so the relay would hear
+// of it instead of finding the silence itself.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <memory>
+#include <random>
+#include <regex>
+#include <thread>
+
+#include "fixture.h"
+#include "network_support.h"
+#include "support/throwaway_pg.h"
+#include "support/toxiproxy.h"
+
+namespace outbox_test {
+namespace {
+
+using network::Figures;
+using network::SysClock;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+// The relay's timeouts in these tests (the defaults fit a cloud network and
+// are minutes apart from these).
+constexpr int kReceiveTimeoutMs = 8000;
+constexpr int kStatementTimeoutMs = 3000;
+constexpr int kWalSenderTimeoutS = 20;
+
+class NetworkPg : public RelayTest {
+ protected:
+  void SetUp() override {
+    RelayTest::SetUp();
+    proxy_ = std::make_unique<Toxiproxy>();
+    int base = 58600 + static_cast<int>(::getpid() % 40) * 2;
+    std::string upstream = network::HostPort(env_.database_url);
+    repl_addr_ = proxy_->CreateProxy("pg_repl", FreeLocalPort(base), upstream);
+    sql_addr_ = proxy_->CreateProxy("pg_sql", FreeLocalPort(base + 100), upstream);
+  }
+
+  // URL of the replication connection: through its proxy, with a short
+  // wal_sender_timeout (the walsender then asks for replies, and gives up on
+  // a silent relay, within seconds).
+  std::string ReplicationUrl() const {
+    std::string url = network::WithHosts(env_.database_url, repl_addr_);
+    return url + (url.find('?') == std::string::npos ? "?" : "&") +
+           fmt::format("options=-c%20wal_sender_timeout%3D{}s", kWalSenderTimeoutS);
+  }
+  std::string SqlUrl() const { return network::WithHosts(env_.database_url, sql_addr_); }
+
+  RelayProcess& StartProxiedRelay() {
+    return StartRelay(
+        {"--replication-database-url", ReplicationUrl(), "--status-interval-ms", "500",
+         "--pg-receive-timeout-ms", std::to_string(kReceiveTimeoutMs), "--pg-statement-timeout-ms",
+         std::to_string(kStatementTimeoutMs), "--pg-connect-timeout-s", "2",
+         "--pg-tcp-user-timeout-ms", "4000", "--pg-keepalives-idle-s", "2",
+         "--pg-keepalives-interval-s", "1", "--pg-keepalives-count", "2"},
+        {{"DATABASE_URL", SqlUrl()}});
+  }
+
+  std::unique_ptr<LoadGenerator> StartLoad(Ledger* ledger) {
+    auto load = std::make_unique<LoadGenerator>(
+        Workload(), ledger, 2,
+        [](std::mt19937_64& rng) {
+          TxSpec tx;
+          tx.rows = 1 + static_cast<int>(rng() % 20);
+          tx.rollback = rng() % 10 == 0;
+          return tx;
+        },
+        std::chrono::microseconds(5000));
+    load->Start();
+    return load;
+  }
+
+  // After the fault: the load stops, the relay catches up and stops cleanly,
+  // and the topics are checked against the ledger.
+  void Finish(RelayProcess& relay, LoadGenerator& load, const Ledger& ledger, Figures* f) {
+    std::string load_error = load.Stop();
+    ASSERT_EQ(load_error, "") << "writer failed";
+    uint64_t wal_after_load = CurrentWalLsn(*db_);
+    EXPECT_EQ(WaitAllAcked(seconds(90)), 0) << "rows still unacked\n" << DescribeUnacked();
+    EXPECT_EQ(MisackedRows(), 0);
+    EXPECT_GE(WaitConfirmedAtLeast(wal_after_load, seconds(30)), wal_after_load);
+    ASSERT_TRUE(relay.Running()) << "the relay exited by itself:\n" << relay.LogTail();
+    relay.Terminate();
+    EXPECT_EQ(relay.Wait(seconds(40)), std::optional<int>(0)) << relay.LogTail();
+    std::vector<KafkaRecord> records = ReadTopics({.timeout = seconds(60)});
+    f->delivery = CheckDelivery(ledger.committed(), ledger.rolled_back(), records);
+    f->notes += fmt::format(
+        "{}{} transactions, {} reconnects logged", f->notes.empty() ? "" : "; ",
+        load.transactions(),
+        network::CountLogAfter(relay.Log(), "streaming from slot", SysClock::time_point{}) - 1);
+    network::PrintFigures(*f);
+    network::ExpectClean(*f);
+  }
+
+  // The receive bound the relay logged when it started streaming, plus the
+  // loop's look interval (it waits up to 100 ms for data between looks) and
+  // scheduling slack: silence is judged from the last byte, which came
+  // before the fault.
+  static std::optional<double> LoggedReceiveBound(const std::string& log) {
+    std::smatch m;
+    static const std::regex re("silent after ([0-9]+) ms");
+    if (!std::regex_search(log, m, re)) return std::nullopt;
+    return std::stod(m[1].str()) / 1000 + 0.5;
+  }
+
+  // Seconds from `since` until the slot confirms the WAL written up to now.
+  std::optional<double> RecoveryAfter(milliseconds timeout) {
+    uint64_t target = CurrentWalLsn(*db_);
+    return network::SecondsUntilConfirmed(*db_, name_, target, timeout);
+  }
+
+  std::unique_ptr<Toxiproxy> proxy_;
+  std::string repl_addr_;
+  std::string sql_addr_;
+};
+
+// (a) The replication connection black-holed (no reset, nothing closed) under
+// load for longer than the bound, then restored: the relay finds it dead
+// within the bound, reconnects once the path is back, and resends from the
+// confirmed position.
+TEST_F(NetworkPg, ReplicationBlackHoledThenRestored) {
+  CreateTables();
+  RelayProcess& relay = StartProxiedRelay();
+  ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
+  Ledger ledger;
+  auto load = StartLoad(&ledger);
+  std::this_thread::sleep_for(seconds(3));
+
+  Figures f;
+  f.scenario = "pg replication black-holed 22 s";
+  f.bound_s = LoggedReceiveBound(relay.Log());
+  ASSERT_TRUE(f.bound_s.has_value()) << relay.LogTail();
+  auto fault = SysClock::now();
+  proxy_->BlackHole("pg_repl");
+  std::this_thread::sleep_for(seconds(22));
+  f.detect_s = network::FirstLogAfter(relay.Log(), "replication connection silent", fault);
+  EXPECT_TRUE(f.detect_s.has_value()) << "not detected within 22 s\n" << relay.LogTail();
+  auto healed = SysClock::now();
+  proxy_->Heal("pg_repl");
+  f.recover_s = RecoveryAfter(seconds(60));
+  f.recover_what = "heal -> slot confirms the WAL of the heal";
+  if (auto again = network::FirstLogAfter(relay.Log(), "streaming from slot", healed)) {
+    f.notes = fmt::format("streaming again {:.1f} s after the heal", *again);
+  }
+  EXPECT_TRUE(f.recover_s.has_value()) << relay.LogTail();
+  std::this_thread::sleep_for(seconds(2));
+  Finish(relay, *load, ledger, &f);
+}
+
+// (b) The SQL connections black-holed (the marker's among them) while rows
+// stream: marking stops, so confirmation stops; the marker's statement gets
+// no answer, the connection is replaced once the path is back, and marking
+// catches up. Nothing is lost.
+TEST_F(NetworkPg, MarkerBlackHoledThenRestored) {
+  CreateTables();
+  RelayProcess& relay = StartProxiedRelay();
+  ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
+  Ledger ledger;
+  auto load = StartLoad(&ledger);
+  std::this_thread::sleep_for(seconds(3));
+
+  Figures f;
+  f.scenario = "pg marker (SQL) black-holed 12 s";
+  // A statement sent into the hole is given up after the statement timeout
+  // plus the client's grace; the marker sends one within a second under load.
+  f.bound_s = (kStatementTimeoutMs + 5000 + 1000) / 1000.0;
+  auto fault = SysClock::now();
+  proxy_->BlackHole("pg_sql");
+  std::this_thread::sleep_for(seconds(2));
+  auto held = QuerySlot(*db_, name_);
+  std::this_thread::sleep_for(seconds(10));
+  auto held_later = QuerySlot(*db_, name_);
+  f.detect_s = network::FirstLogAfter(relay.Log(), "no answer from PostgreSQL within", fault);
+  EXPECT_TRUE(f.detect_s.has_value()) << "not detected within 12 s\n" << relay.LogTail();
+  ASSERT_TRUE(held && held_later && held->confirmed_flush_lsn && held_later->confirmed_flush_lsn);
+  // Nothing is confirmed that is not marked.
+  EXPECT_EQ(*held_later->confirmed_flush_lsn, *held->confirmed_flush_lsn)
+      << "confirmation moved while the marker could not mark";
+  proxy_->Heal("pg_sql");
+  f.recover_s = RecoveryAfter(seconds(60));
+  f.recover_what = "heal -> slot confirms the WAL of the heal";
+  f.notes = "confirmation held during the hole";
+  EXPECT_TRUE(f.recover_s.has_value()) << relay.LogTail();
+  std::this_thread::sleep_for(seconds(2));
+  Finish(relay, *load, ledger, &f);
+}
+
+// (c) The replication stream cut into 1-byte TCP writes (slicer) for a while,
+// then reset (RST) 300 ms into every connection, for a few seconds: resets
+// land in the middle of CopyData messages. The relay reconnects each time and
+// nothing reaches Kafka twice out of order or not at all.
+TEST_F(NetworkPg, SlicedThenResetMidStream) {
+  CreateTables();
+  RelayProcess& relay = StartProxiedRelay();
+  ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
+  Ledger ledger;
+  auto load = StartLoad(&ledger);
+  std::this_thread::sleep_for(seconds(2));
+
+  Figures f;
+  f.scenario = "pg replication sliced (1 B) 8 s, then reset_peer 5 s";
+  proxy_->AddToxic("pg_repl", {"slice",
+                               "slicer",
+                               "downstream",
+                               1.0,
+                               {{"average_size", 1}, {"size_variation", 0}, {"delay", 0}}});
+  std::this_thread::sleep_for(seconds(8));
+  proxy_->RemoveToxic("pg_repl", "slice");
+  auto reset = SysClock::now();
+  proxy_->AddToxic("pg_repl", {"reset", "reset_peer", "downstream", 1.0, {{"timeout", 300}}});
+  std::this_thread::sleep_for(seconds(5));
+  proxy_->RemoveToxic("pg_repl", "reset");
+  // A reset is heard at once: the connection breaks, no bound to wait for.
+  f.detect_s = network::FirstLogAfter(relay.Log(), " replication: ", reset);
+  EXPECT_TRUE(f.detect_s.has_value()) << "no broken stream logged\n" << relay.LogTail();
+  f.recover_s = RecoveryAfter(seconds(60));
+  f.recover_what = "toxic removed -> slot confirms the WAL of that moment";
+  EXPECT_TRUE(f.recover_s.has_value()) << relay.LogTail();
+  std::this_thread::sleep_for(seconds(2));
+  Finish(relay, *load, ledger, &f);
+}
+
+}  // namespace
+}  // namespace outbox_test
