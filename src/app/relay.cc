@@ -254,6 +254,7 @@ Status Relay::Prepare() {
       return watermill_->Backfill(c, snapshot);
     };
   }
+  so.before_backfill = [this] { return EnsureTransactions(); };
   slot_setup_ =
       std::make_unique<pipeline::SlotSetup>(so, publisher_.get(), tracker_.get(), &stats_, &*stop_);
   return Ok();
@@ -280,9 +281,10 @@ Status Relay::AttachSink() {
       publisher_->InjectFatalAfter(fatal_after_,
                                    [producer] { producer->InjectFatalErrorForTest(); });
     }
-    if (config_.delivery == DeliveryMode::kExactlyOnce) {
-      if (auto st = PrepareTransactions(producer); !st) return st;
-    }
+    // Exactly-once: the transactions are initialised (fencing every other
+    // producer of the transactional.id) only once this instance owns the
+    // slot: EnsureTransactions, before the backfill and before streaming.
+    transactions_ready_ = false;
   } else {
     stats_.kafka_reachable.store(true);
   }
@@ -597,7 +599,16 @@ Result<std::string> Relay::TransactionalId() {
   if (!repl) return std::unexpected(repl.error());
   auto identity = pg::IdentifySystem(*repl);
   if (!identity) return std::unexpected(identity.error());
-  return fmt::format("outbox-relay.{}.{}.{}", identity->system_id, repl->database(), config_.slot);
+  return pipeline::DefaultTransactionalId(identity->system_id, repl->database(), config_.slot);
+}
+
+Status Relay::EnsureTransactions() {
+  if (config_.delivery != DeliveryMode::kExactlyOnce || transactions_ready_) return Ok();
+  auto* producer = dynamic_cast<kafka::KafkaProducer*>(publisher_->sink());
+  if (producer == nullptr) return Fail(ErrorCode::kFatal, "internal: exactly-once without Kafka");
+  if (auto st = PrepareTransactions(producer); !st) return st;
+  transactions_ready_ = true;
+  return Ok();
 }
 
 Status Relay::PrepareTransactions(kafka::KafkaProducer* producer) {
@@ -713,6 +724,8 @@ Status Relay::Stream(std::optional<pipeline::StreamSession>* session,
   if (!stream) return std::unexpected(stream.error());
   last_walsender_pid_ = stream->backend_pid();
   if (stats_.standby.exchange(false)) spdlog::info("slot {} is free: taking over", config_.slot);
+  // The slot is ours: only now may this instance fence the previous holder.
+  if (auto st = EnsureTransactions(); !st) return st;
   pipeline::SessionOptions so;
   so.receive_timeout = pipeline::Liveness::ForServer(milliseconds(config_.pg_receive_timeout_ms),
                                                      wal_sender_timeout);

@@ -49,6 +49,11 @@ Result<KafkaProgress> DecodeProgress(std::string_view json) {
     return Fail(ErrorCode::kInvalidArgument, "progress: not JSON: {}",
                 simdjson::error_message(err));
   }
+  uint64_t version = 0;
+  if (doc["v"].get(version) || version != 1) {
+    return Fail(ErrorCode::kInvalidArgument,
+                "progress: version {} is not 1 (written by a newer relay?)", version);
+  }
   KafkaProgress p;
   std::string_view lsn;
   if (doc["lsn"].get(lsn)) return Fail(ErrorCode::kInvalidArgument, "progress: no \"lsn\"");
@@ -81,6 +86,11 @@ Result<KafkaProgress> DecodeProgress(std::string_view json) {
     p.backfill = std::move(c);
   }
   return p;
+}
+
+std::string DefaultTransactionalId(std::string_view system_id, std::string_view database,
+                                   std::string_view slot) {
+  return fmt::format("outbox-relay.{}.{}.{}", system_id, database, slot);
 }
 
 }  // namespace outbox_relay::pipeline

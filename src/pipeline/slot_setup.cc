@@ -191,6 +191,9 @@ Status SlotSetup::Run() {
   auto snapshot = pg::ReadState(*conn, options_.slot, kSnapshotKey);
   if (!snapshot) return std::unexpected(snapshot.error());
   if (snapshot->has_value()) {
+    if (options_.before_backfill) {
+      if (auto st = options_.before_backfill(); !st) return st;
+    }
     publisher_->SetBackfill(**snapshot);
     if (auto st = options_.backfill_rows ? options_.backfill_rows(*conn, **snapshot)
                                          : Backfill(*conn, **snapshot);

@@ -266,6 +266,7 @@ TEST_F(ExactlyOnce, BrokerRestartAndPostgresImmediateRestartDuringOpenTransactio
     std::this_thread::sleep_for(seconds(3));
     load.Stop();
   }
+  db_ = std::make_unique<Pg>(cluster.url());  // the test's own session died with the server
   EXPECT_EQ(WaitAllAcked(seconds(180)), 0) << DescribeUnacked() << relay.LogTail();
   relay.Terminate();
   EXPECT_EQ(relay.Wait(seconds(40)), std::optional<int>(0)) << relay.LogTail();

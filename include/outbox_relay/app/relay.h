@@ -76,6 +76,9 @@ class Relay {
   // Exactly-once: fences earlier producers, makes sure of the progress topic
   // and reads what Kafka already holds.
   Status PrepareTransactions(kafka::KafkaProducer* producer);
+  // PrepareTransactions once per producer, when this instance owns the slot
+  // (before its backfill or its stream): a standby must not fence the active one.
+  Status EnsureTransactions();
   // Exactly-once: a topic needs smaller batches than the producer makes: a
   // new producer (a transaction is one producer's).
   Status RecreateSinkIfNeeded();
@@ -114,6 +117,7 @@ class Relay {
   // Exactly-once: the producer's transactional.id, and the batch.size a
   // topic's max.message.bytes asked for (0: the default).
   std::string transactional_id_;
+  bool transactions_ready_ = false;  // PrepareTransactions done for the attached producer
   int64_t required_batch_size_ = 0;
   // --table-mode=watermill: the consumer group's positions (marker thread)
   // and the tables, their backfill and their joining.

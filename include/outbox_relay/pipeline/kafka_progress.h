@@ -61,6 +61,13 @@ struct KafkaProgress {
 };
 
 std::string EncodeProgress(const KafkaProgress& progress, std::string_view key);
+
+// The default transactional.id (and progress key) of a relay: the cluster's
+// system identifier, the database and the slot, so relays of different
+// databases never share one and an instance taking a slot over uses its
+// predecessor's (which fences it).
+std::string DefaultTransactionalId(std::string_view system_id, std::string_view database,
+                                   std::string_view slot);
 // kInvalidArgument naming what is wrong.
 Result<KafkaProgress> DecodeProgress(std::string_view json);
 
