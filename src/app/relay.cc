@@ -547,6 +547,18 @@ int Relay::Run(const std::atomic<bool>& stop) {
         Shutdown(nullptr, true);
         return ExitCodeOf(recreated.error());
       }
+    } else if (err.code == ErrorCode::kSlotInUse && transactions_ready_) {
+      // Exactly-once: this instance held the slot and initialised its
+      // transactions, and another one holds the slot now: that one took the
+      // transactional.id over and fenced this producer (a frozen instance
+      // thawed, a partitioned one reconnected). Nothing more of this one's
+      // can commit; it stops, and a restart makes it the new one's standby.
+      spdlog::error(
+          "this relay was replaced: another instance holds slot {} ({}) and took over the "
+          "transactional.id {}, which fences this one; exiting (a restart makes it a standby)",
+          config_.slot, err.message, transactional_id_);
+      Shutdown(live, true);
+      return kExitFailure;
     } else if (err.code == ErrorCode::kSlotInUse) {
       if (!stats_.standby.exchange(true)) {
         spdlog::info("standby: {}; waiting to take over", err.message);

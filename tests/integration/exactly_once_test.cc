@@ -217,21 +217,35 @@ TEST_F(ExactlyOnce, KillInsideAHugeTransactionAndInTheBackfillPublishesEachRowOn
   RelayProcess& second = StartRelay(Eos({"--txn-max-rows", "2000"}));
   ASSERT_TRUE(WaitStreaming(second, seconds(120))) << second.LogTail();
   // One 200,000-row transaction: split over Kafka transactions of 2,000 rows.
-  {
+  // Its rows are marked only once all of it is in Kafka, so Kafka's progress
+  // topic is what shows it half published: a record of it not complete.
+  auto progress_of_a_split_transaction = [&] {
+    std::vector<KafkaRecord> progress =
+        kafka_->Read({topic_prefix_ + ".progress"}, "",
+                     {.stable_for = milliseconds(20), .timeout = seconds(5), .read_committed = true});
+    if (progress.empty() || !progress.back().value) return std::string();
+    const std::string& last = *progress.back().value;
+    return last.find("\"complete\":false") != std::string::npos ? last : std::string();
+  };
+  std::thread big_writer([&] {
     Writer writer(Workload(), &ledger, -1, 502);
-    ASSERT_TRUE(writer.Transaction({.rows = 200000}));
-  }
-  until = std::chrono::steady_clock::now() + seconds(120);
-  while (db_->Int(fmt::format("SELECT count(*) FROM {} WHERE offset_acked IS NULL",
-                              QuoteIdent(name_))) == 200000 &&
+    EXPECT_TRUE(writer.Transaction({.rows = 200000}));
+  });
+  std::string split;
+  until = std::chrono::steady_clock::now() + seconds(180);
+  while ((split = progress_of_a_split_transaction()).empty() &&
          std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(milliseconds(50));
   }
-  // Its first Kafka transactions are in; kill it in the middle.
-  std::this_thread::sleep_for(milliseconds(1500));
   second.Kill(SIGKILL);
   second.Wait(seconds(10));
+  big_writer.join();
+  ASSERT_FALSE(split.empty()) << "no Kafka transaction ever held part of the big transaction";
+  std::string last_progress = progress_of_a_split_transaction();
+  fmt::print("killed with Kafka holding part of the 200,000-row transaction: {}\n",
+             last_progress.empty() ? "(it completed before the kill)" : last_progress);
+  EXPECT_FALSE(last_progress.empty()) << "the kill came after the big transaction was in Kafka";
   RelayProcess& third = StartRelay(Eos({"--txn-max-rows", "2000"}));
+  ASSERT_TRUE(WaitStreaming(third, seconds(120))) << third.LogTail();
   EXPECT_EQ(WaitAllAcked(seconds(240)), 0) << DescribeUnacked() << third.LogTail();
   third.Terminate();
   EXPECT_EQ(third.Wait(seconds(40)), std::optional<int>(0)) << third.LogTail();
