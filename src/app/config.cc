@@ -551,8 +551,8 @@ Status Validate(RelayConfig& c) {
     return Bad("--delivery", "OUTBOX_DELIVERY",
                fmt::format("'{}': at-least-once or exactly-once", c.delivery_flag));
   }
-  c.delivery = c.delivery_flag == "exactly-once" ? DeliveryMode::kExactlyOnce
-                                                 : DeliveryMode::kAtLeastOnce;
+  c.delivery =
+      c.delivery_flag == "exactly-once" ? DeliveryMode::kExactlyOnce : DeliveryMode::kAtLeastOnce;
   if (c.delivery == DeliveryMode::kExactlyOnce) {
     if (c.sink != SinkKind::kKafka) {
       return Bad("--delivery", "OUTBOX_DELIVERY", "exactly-once needs --sink kafka");

@@ -634,8 +634,7 @@ Status Relay::PrepareTransactions(kafka::KafkaProducer* producer) {
   if (!*config) {
     if (auto st = kafka::CreateTopic(rk, config_.progress_topic, 1,
                                      static_cast<int>(config_.topic_replication_factor),
-                                     milliseconds(10000), nullptr,
-                                     {{"cleanup.policy", "compact"}});
+                                     milliseconds(10000), nullptr, {{"cleanup.policy", "compact"}});
         !st) {
       return st;
     }
@@ -675,14 +674,13 @@ Status Relay::PrepareTransactions(kafka::KafkaProducer* producer) {
     to.skip_committed = false;
   }
   publisher_->EnableTransactions(to, producer, committed);
-  spdlog::info(
-      "exactly-once: transactional.id {}; Kafka holds up to {} (rows {}{}){}", transactional_id_,
-      committed.final_lsn, committed.rows, committed.complete ? ", complete" : "",
-      committed.backfill ? fmt::format("; backfill of {} up to ({}, {})",
-                                       committed.backfill->snapshot,
-                                       committed.backfill->transaction_id,
-                                       committed.backfill->offset)
-                         : "");
+  spdlog::info("exactly-once: transactional.id {}; Kafka holds up to {} (rows {}{}){}",
+               transactional_id_, committed.final_lsn, committed.rows,
+               committed.complete ? ", complete" : "",
+               committed.backfill
+                   ? fmt::format("; backfill of {} up to ({}, {})", committed.backfill->snapshot,
+                                 committed.backfill->transaction_id, committed.backfill->offset)
+                   : "");
   return Ok();
 }
 

@@ -219,7 +219,8 @@ SlotReport::KafkaSide ReadKafkaSide(const SlotCommandConfig& c) {
   if (const char* env = std::getenv("OUTBOX_KAFKA_PROPERTIES")) {
     for (const std::string& p : SplitPropertyList(env)) {
       size_t eq = p.find('=');
-      if (eq != std::string::npos) connection.properties.emplace_back(p.substr(0, eq), p.substr(eq + 1));
+      if (eq != std::string::npos)
+        connection.properties.emplace_back(p.substr(0, eq), p.substr(eq + 1));
     }
   }
   auto value = kafka::ReadLastCommittedValue(connection, side.topic, side.key,
@@ -317,8 +318,8 @@ std::string FormatSlotReportText(const SlotReport& r) {
     } else {
       const pipeline::KafkaProgress& k = *r.kafka->progress;
       line("commit_lsn", k.final_lsn.ToString());
-      line("rows", fmt::format("{}{}", k.rows, k.complete ? " (the whole transaction)"
-                                                          : " (more of it to come)"));
+      line("rows", fmt::format("{}{}", k.rows,
+                               k.complete ? " (the whole transaction)" : " (more of it to come)"));
       if (k.backfill) line("backfill", BackfillText(*k.backfill));
       if (r.confirmed_flush_lsn) {
         line("vs the slot", fmt::format("confirmed_flush_lsn {}: what lies between is sent again "
@@ -390,8 +391,8 @@ std::string FormatSlotReportJson(const SlotReport& r) {
           "{{\"commit_lsn\":{},\"rows\":{},\"complete\":{},\"backfill\":{}}}",
           JsonQuote(k->final_lsn.ToString()), k->rows, k->complete ? "true" : "false",
           k->backfill ? fmt::format("{{\"snapshot\":{},\"transaction_id\":{},\"offset\":{}}}",
-                                    JsonQuote(k->backfill->snapshot),
-                                    k->backfill->transaction_id, k->backfill->offset)
+                                    JsonQuote(k->backfill->snapshot), k->backfill->transaction_id,
+                                    k->backfill->offset)
                       : "null");
     }
     field("kafka_progress",

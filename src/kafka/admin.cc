@@ -71,7 +71,8 @@ Status CreateTopic(rd_kafka_t* rk, const std::string& name, int partitions, int 
     return Fail(ErrorCode::kInvalidArgument, "create topic {}: {}", name, errstr.data());
   }
   for (const auto& [key, value] : configs) {
-    if (rd_kafka_resp_err_t err = rd_kafka_NewTopic_set_config(topic.get(), key.c_str(), value.c_str())) {
+    if (rd_kafka_resp_err_t err =
+            rd_kafka_NewTopic_set_config(topic.get(), key.c_str(), value.c_str())) {
       return Fail(ErrorCode::kInvalidArgument, "create topic {}: config {}: {}", name, key,
                   rd_kafka_err2str(err));
     }

@@ -11,7 +11,9 @@ namespace {
 
 // No group was joined (partitions are assigned): nothing to leave on close,
 // and a close must not wait for brokers that may be away.
-void DestroyConsumer(rd_kafka_t* rk) { rd_kafka_destroy_flags(rk, RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE); }
+void DestroyConsumer(rd_kafka_t* rk) {
+  rd_kafka_destroy_flags(rk, RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE);
+}
 using ConsumerHandle = CHandle<rd_kafka_t, DestroyConsumer>;
 using MessageHandle = CHandle<rd_kafka_message_t, rd_kafka_message_destroy>;
 using PartitionListHandle =
@@ -28,9 +30,9 @@ void LogToDebug(const rd_kafka_t*, int level, const char* fac, const char* buf) 
 // Client properties a consumer understands too (security, addressing);
 // producer tuning would only draw warnings.
 bool IsClientProperty(const std::string& key) {
-  for (const char* prefix : {"security.", "ssl.", "sasl.", "client.", "socket.", "broker.",
-                             "metadata.", "topic.metadata.", "reconnect.", "api.version",
-                             "connections.", "enable.ssl", "resolve."}) {
+  for (const char* prefix :
+       {"security.", "ssl.", "sasl.", "client.", "socket.", "broker.", "metadata.",
+        "topic.metadata.", "reconnect.", "api.version", "connections.", "enable.ssl", "resolve."}) {
     if (key.starts_with(prefix)) return true;
   }
   return false;
@@ -45,12 +47,9 @@ Result<std::optional<std::string>> ReadLastCommittedValue(const ProducerOptions&
   std::array<char, 512> errstr{};
   KafkaConfHandle conf(rd_kafka_conf_new());
   std::map<std::string, std::string> settings = {
-      {"bootstrap.servers", connection.brokers},
-      {"group.id", "outbox-relay-progress-reader"},
-      {"enable.auto.commit", "false"},
-      {"enable.partition.eof", "true"},
-      {"isolation.level", "read_committed"},
-      {"client.id", "outbox-relay-progress"},
+      {"bootstrap.servers", connection.brokers}, {"group.id", "outbox-relay-progress-reader"},
+      {"enable.auto.commit", "false"},           {"enable.partition.eof", "true"},
+      {"isolation.level", "read_committed"},     {"client.id", "outbox-relay-progress"},
   };
   for (const auto& [k, v] : connection.properties) {
     if (IsClientProperty(k)) settings[k] = v;

@@ -291,11 +291,13 @@ void KafkaProducer::PrepareTopic(const std::string& name) {
     // again with a producer whose batches fit every topic.
     int64_t wanted = BatchSizeFor(*max_message_bytes);
     int64_t seen = required_batch_size_.load();
-    while ((seen == 0 || wanted < seen) && !required_batch_size_.compare_exchange_weak(seen, wanted)) {
+    while ((seen == 0 || wanted < seen) &&
+           !required_batch_size_.compare_exchange_weak(seen, wanted)) {
     }
-    spdlog::info("kafka: topic {} accepts batches of at most {} bytes: the transactional producer "
-                 "starts again with batch.size {}",
-                 name, *max_message_bytes, wanted);
+    spdlog::info(
+        "kafka: topic {} accepts batches of at most {} bytes: the transactional producer "
+        "starts again with batch.size {}",
+        name, *max_message_bytes, wanted);
   } else if (max_message_bytes && BatchSizeFor(*max_message_bytes) < batch_size_) {
     auto smaller = LaneWithBatchSize(BatchSizeFor(*max_message_bytes));
     if (smaller) {
@@ -592,7 +594,8 @@ Error TxnError(rd_kafka_error_t* error, std::string_view what) {
 }  // namespace
 
 Status KafkaProducer::InitTransactions(std::chrono::milliseconds timeout) {
-  if (rd_kafka_error_t* e = rd_kafka_init_transactions(handle(), static_cast<int>(timeout.count()))) {
+  if (rd_kafka_error_t* e =
+          rd_kafka_init_transactions(handle(), static_cast<int>(timeout.count()))) {
     return std::unexpected(TxnError(e, "Kafka: init transactions"));
   }
   return Ok();

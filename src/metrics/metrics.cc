@@ -119,8 +119,9 @@ Metrics::Metrics(std::string service)
                      .Add(svc);
   auto& kafka_txns = BuildCounter()
                          .Name("outbox_relay_kafka_transactions_total")
-                         .Help("Kafka transactions (exactly-once delivery) by result: committed, "
-                               "aborted")
+                         .Help(
+                             "Kafka transactions (exactly-once delivery) by result: committed, "
+                             "aborted")
                          .Register(reg);
   kafka_txns_committed_ = &kafka_txns.Add({{"service", service_}, {"result", "committed"}});
   kafka_txns_aborted_ = &kafka_txns.Add({{"service", service_}, {"result", "aborted"}});
@@ -131,8 +132,9 @@ Metrics::Metrics(std::string service)
                            .Add(svc, LatencyBuckets());
   skipped_ = &BuildCounter()
                   .Name("outbox_relay_rows_already_in_kafka_total")
-                  .Help("Rows sent again by PostgreSQL after a restart that Kafka already had "
-                        "(exactly-once delivery: marked, not produced again)")
+                  .Help(
+                      "Rows sent again by PostgreSQL after a restart that Kafka already had "
+                      "(exactly-once delivery: marked, not produced again)")
                   .Register(reg)
                   .Add(svc);
   pipeline_restarts_ = &BuildCounter()

@@ -33,9 +33,9 @@ std::string EncodeProgress(const KafkaProgress& p, std::string_view key) {
   std::string out = fmt::format(R"({{"v":1,"key":{},"lsn":"{}","rows":{},"complete":{})",
                                 Quoted(key), p.final_lsn, p.rows, p.complete ? "true" : "false");
   if (p.backfill) {
-    out += fmt::format(R"(,"backfill":{{"snapshot":{},"transaction_id":"{}","offset":"{}"}})",
-                       Quoted(p.backfill->snapshot), p.backfill->transaction_id,
-                       p.backfill->offset);
+    out +=
+        fmt::format(R"(,"backfill":{{"snapshot":{},"transaction_id":"{}","offset":"{}"}})",
+                    Quoted(p.backfill->snapshot), p.backfill->transaction_id, p.backfill->offset);
   }
   out += '}';
   return out;
@@ -58,7 +58,8 @@ Result<KafkaProgress> DecodeProgress(std::string_view json) {
   std::string_view lsn;
   if (doc["lsn"].get(lsn)) return Fail(ErrorCode::kInvalidArgument, "progress: no \"lsn\"");
   auto parsed = Lsn::Parse(lsn);
-  if (!parsed) return Fail(ErrorCode::kInvalidArgument, "progress: lsn: {}", parsed.error().message);
+  if (!parsed)
+    return Fail(ErrorCode::kInvalidArgument, "progress: lsn: {}", parsed.error().message);
   p.final_lsn = *parsed;
   uint64_t rows = 0;
   if (doc["rows"].get(rows)) return Fail(ErrorCode::kInvalidArgument, "progress: no \"rows\"");

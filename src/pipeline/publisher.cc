@@ -79,8 +79,8 @@ Status Publisher::MapAndProduce(const outbox::ColumnMap& columns, const pgoutput
     const outbox::RowIdentity& id = mapped->identity;
     bool held = tx->final_lsn != kInvalidLsn
                     ? committed_.Holds(tx->final_lsn, row_index)
-                    : backfill_snapshot_ && committed_.HoldsBackfilled(*backfill_snapshot_,
-                                                                       id.transaction_id, id.offset);
+                    : backfill_snapshot_ && committed_.HoldsBackfilled(
+                                                *backfill_snapshot_, id.transaction_id, id.offset);
     if (held && txn_->skip_committed) {
       // Kafka has it, committed: marked, not produced again.
       tracking::AckTracker::NoteRow(tx, id.transaction_id, id.offset);

@@ -63,8 +63,7 @@ class ExactlyOnce : public RelayTest {
     return out;
   }
   // Prints and checks the exactly-once figures.
-  DeliveryReport Check(const Ledger& ledger, const std::string& what,
-                       size_t want_duplicates = 0) {
+  DeliveryReport Check(const Ledger& ledger, const std::string& what, size_t want_duplicates = 0) {
     std::vector<KafkaRecord> records = Committed();
     DeliveryReport r = CheckDelivery(ledger.committed(), ledger.rolled_back(), records);
     fmt::print("{}: {}\n", what, r.Summary());
@@ -186,9 +185,8 @@ TEST_F(ExactlyOnce, StandbyTakeoversAndAThawedZombiePublishNothingTwice) {
   EXPECT_EQ(WaitAllAcked(seconds(120)), 0) << DescribeUnacked();
   standby.Terminate();
   EXPECT_EQ(standby.Wait(seconds(40)), std::optional<int>(0)) << standby.LogTail();
-  fmt::print("takeovers: {:.1f} s, {:.1f} s, {:.1f} s; the thawed zombie exited {}\n",
-             takeovers[0], takeovers[1], takeovers[2],
-             zombie_code ? std::to_string(*zombie_code) : "not at all");
+  fmt::print("takeovers: {:.1f} s, {:.1f} s, {:.1f} s; the thawed zombie exited {}\n", takeovers[0],
+             takeovers[1], takeovers[2], zombie_code ? std::to_string(*zombie_code) : "not at all");
   ASSERT_TRUE(zombie_code.has_value()) << active->LogTail();
   EXPECT_NE(*zombie_code, 0);
   EXPECT_NE(active->Log().find("replaced"), std::string::npos) << active->LogTail();
@@ -220,9 +218,9 @@ TEST_F(ExactlyOnce, KillInsideAHugeTransactionAndInTheBackfillPublishesEachRowOn
   // Its rows are marked only once all of it is in Kafka, so Kafka's progress
   // topic is what shows it half published: a record of it not complete.
   auto progress_of_a_split_transaction = [&] {
-    std::vector<KafkaRecord> progress =
-        kafka_->Read({topic_prefix_ + ".progress"}, "",
-                     {.stable_for = milliseconds(20), .timeout = seconds(5), .read_committed = true});
+    std::vector<KafkaRecord> progress = kafka_->Read(
+        {topic_prefix_ + ".progress"}, "",
+        {.stable_for = milliseconds(20), .timeout = seconds(5), .read_committed = true});
     if (progress.empty() || !progress.back().value) return std::string();
     const std::string& last = *progress.back().value;
     return last.find("\"complete\":false") != std::string::npos ? last : std::string();

@@ -36,8 +36,7 @@ void Set(rd_kafka_conf_t* conf, const char* key, const std::string& value) {
   }
 }
 
-RkHandle MakeClient(const std::string& brokers, rd_kafka_type_t type,
-                    bool read_committed = false) {
+RkHandle MakeClient(const std::string& brokers, rd_kafka_type_t type, bool read_committed = false) {
   static std::atomic<int> counter{0};
   rd_kafka_conf_t* conf = rd_kafka_conf_new();
   try {

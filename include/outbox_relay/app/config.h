@@ -68,16 +68,16 @@ struct RelayConfig {
   std::string acked_column = "offset_acked";
   std::string created_at_column = "created_at";  // "" = no outbox_forwarder_lag_seconds
   bool mark = true;
-  std::vector<std::string> kafka_properties;  // "key=value"
-  std::string sink_flag = "kafka";            // --sink: kafka | null (benchmarks)
+  std::vector<std::string> kafka_properties;    // "key=value"
+  std::string sink_flag = "kafka";              // --sink: kafka | null (benchmarks)
   std::string delivery_flag = "at-least-once";  // --delivery: at-least-once | exactly-once
-  std::string transactional_id;               // "" = derived (system id, database, slot)
+  std::string transactional_id;                 // "" = derived (system id, database, slot)
   std::string progress_topic = "outbox-relay.progress";
   int64_t txn_interval_ms = 20;
   int64_t txn_max_rows = 10000;
   int64_t transaction_timeout_ms = 60000;
-  int64_t max_in_flight = 20000;              // rows produced but not yet acknowledged
-  int64_t marker_batch = 2000;                // transactions per marking statement
+  int64_t max_in_flight = 20000;  // rows produced but not yet acknowledged
+  int64_t marker_batch = 2000;    // transactions per marking statement
   int64_t status_interval_ms = 1000;
   int64_t shutdown_timeout_ms = 25000;
   std::string on_poison_flag = "dlq";  // --on-poison: dlq | halt

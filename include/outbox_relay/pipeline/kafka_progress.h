@@ -38,7 +38,7 @@ struct BackfillCursor {
 };
 
 struct KafkaProgress {
-  Lsn final_lsn;          // kInvalidLsn: nothing streamed yet
+  Lsn final_lsn;  // kInvalidLsn: nothing streamed yet
   uint64_t rows = 0;
   bool complete = true;
   std::optional<BackfillCursor> backfill;
@@ -55,7 +55,8 @@ struct KafkaProgress {
   // Whether the backfilled row (transaction_id, offset) of `snapshot` is held.
   bool HoldsBackfilled(std::string_view snapshot, uint64_t transaction_id, int64_t offset) const {
     if (!backfill || backfill->snapshot != snapshot) return false;
-    if (transaction_id != backfill->transaction_id) return transaction_id < backfill->transaction_id;
+    if (transaction_id != backfill->transaction_id)
+      return transaction_id < backfill->transaction_id;
     return offset <= backfill->offset;
   }
 };

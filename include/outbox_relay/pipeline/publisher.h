@@ -27,12 +27,12 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
-#include <set>
-#include <thread>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "outbox_relay/core/result.h"

@@ -16,9 +16,8 @@ TEST(KafkaProgressCodec, RoundTripsWithAndWithoutABackfill) {
   p.rows = 12;
   p.complete = false;
   std::string json = EncodeProgress(p, "outbox-relay.1.db.slot");
-  EXPECT_EQ(json,
-            R"({"v":1,"key":"outbox-relay.1.db.slot","lsn":"16/B374D848","rows":12,)"
-            R"("complete":false})");
+  EXPECT_EQ(json, R"({"v":1,"key":"outbox-relay.1.db.slot","lsn":"16/B374D848","rows":12,)"
+                  R"("complete":false})");
   auto back = DecodeProgress(json);
   ASSERT_TRUE(back) << back.error().message;
   EXPECT_EQ(*back, p);
@@ -40,8 +39,7 @@ TEST(KafkaProgressCodec, BadRecordsAreRefusedNamingWhatIsWrong) {
       {R"({"v":1,"lsn":"nonsense","rows":1,"complete":true})", "lsn"},
       {R"({"v":1,"lsn":"0/10","complete":true})", "\"rows\""},
       {R"({"v":1,"lsn":"0/10","rows":1})", "\"complete\""},
-      {R"({"v":1,"lsn":"0/10","rows":1,"complete":true,"backfill":{"snapshot":"s"}})",
-       "backfill"},
+      {R"({"v":1,"lsn":"0/10","rows":1,"complete":true,"backfill":{"snapshot":"s"}})", "backfill"},
       {R"({"v":1,"lsn":"0/10","rows":1,"complete":true,)"
        R"("backfill":{"snapshot":"s","transaction_id":"x1","offset":"2"}})",
        "transaction_id"},
@@ -92,8 +90,10 @@ TEST(KafkaProgressHolds, BackfilledRowsAreHeldUpToTheCursorOfTheSameSnapshot) {
 TEST(KafkaProgressIdentity, DatabasesAndSlotsNeverShareATransactionalId) {
   EXPECT_EQ(DefaultTransactionalId("7301", "orders", "outbox_relay"),
             "outbox-relay.7301.orders.outbox_relay");
-  EXPECT_NE(DefaultTransactionalId("7301", "orders", "s"), DefaultTransactionalId("7301", "users", "s"));
-  EXPECT_NE(DefaultTransactionalId("7301", "orders", "s"), DefaultTransactionalId("7302", "orders", "s"));
+  EXPECT_NE(DefaultTransactionalId("7301", "orders", "s"),
+            DefaultTransactionalId("7301", "users", "s"));
+  EXPECT_NE(DefaultTransactionalId("7301", "orders", "s"),
+            DefaultTransactionalId("7302", "orders", "s"));
 }
 
 }  // namespace
