@@ -17,6 +17,7 @@
 #include "outbox_relay/app/commands.h"
 #include "outbox_relay/app/logging.h"
 #include "outbox_relay/app/slot_command.h"
+#include "outbox_relay/kafka/admin.h"
 #include "outbox_relay/kafka/producer.h"
 #include "outbox_relay/outbox/record.h"
 #include "outbox_relay/pg/connection.h"
@@ -732,6 +733,7 @@ class Checker {
     if (r_.on_poison == pipeline::OnPoison::kDeadLetter) {
       Topic(view, r_.dlq_topic, "dead-letter topic", "");
     }
+    if (r_.delivery == DeliveryMode::kExactlyOnce) ProgressTopic(rk, timeout);
     if (conn_ == nullptr || table_oid_.empty() || !all_columns_ok_) return;
     if (sampled_ == 0) {
       Ok("topics", "the table has no rows yet: no event types to check topics for");
@@ -757,6 +759,30 @@ class Checker {
       }
       Topic(view, topic, "topic",
             fmt::format(" ({} of the newest {} rows: {})", entry.first, sampled_, types));
+    }
+  }
+
+  // --delivery=exactly-once: the progress topic must be compacted (run
+  // creates it so when it is missing).
+  void ProgressTopic(rd_kafka_t* rk, int timeout) {
+    const std::string name = "progress topic " + r_.progress_topic;
+    auto config = kafka::TopicConfig(rk, r_.progress_topic, std::chrono::milliseconds(timeout));
+    if (!config) {
+      Warn(name, fmt::format("its settings cannot be read: {}", config.error().message),
+           "grant DescribeConfigs on the topic, or check it by hand: cleanup.policy=compact");
+    } else if (!*config) {
+      Ok(name, "does not exist; run creates it (1 partition, cleanup.policy=compact)");
+    } else if (auto it = (*config)->find("cleanup.policy");
+               it == (*config)->end() || it->second.find("compact") == std::string::npos) {
+      Failed(name,
+             fmt::format("cleanup.policy={}: the progress would expire and rows already in "
+                         "Kafka be produced again; run refuses it",
+                         it == (*config)->end() ? std::string("(unknown)") : it->second),
+             fmt::format("kafka-configs.sh --alter --entity-type topics --entity-name {} "
+                         "--add-config cleanup.policy=compact",
+                         r_.progress_topic));
+    } else {
+      Ok(name, "exists, compacted (exactly-once progress)");
     }
   }
 

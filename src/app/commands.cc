@@ -118,7 +118,10 @@ void AddOpsCommands(CLI::App& app) {
   CLI::App* replay = app.add_subcommand(
       "replay",
       "Re-publish the transactions of a commit-LSN or commit-time range from the commit index, "
-      "in commit order, with their original UUIDs");
+      "in commit order, with their original UUIDs. A deliberate re-publish in either delivery "
+      "mode: with --delivery=exactly-once too its records are produced again (outside any "
+      "Kafka transaction, so read_committed consumers see them) and the relay's progress is "
+      "left as it is");
   AddReplayFlags(*replay, configs->replay);
   replay->callback([configs] { RunCommand([&] { return ReplayCommand(configs->replay); }); });
 

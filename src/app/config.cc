@@ -111,6 +111,36 @@ void AddRunFlags(CLI::App& app, RelayConfig& c) {
       ->envname("OUTBOX_SINK")
       ->check(CLI::IsMember({"kafka", "null"}))
       ->capture_default_str();
+  app.add_option("--delivery", c.delivery_flag,
+                 "at-least-once (the idempotent producer; a crash re-sends what was in flight) or "
+                 "exactly-once (Kafka transactions holding the relay's progress: nothing twice, "
+                 "for consumers with isolation.level=read_committed)")
+      ->envname("OUTBOX_DELIVERY")
+      ->check(CLI::IsMember({"at-least-once", "exactly-once"}))
+      ->capture_default_str();
+  app.add_option("--transactional-id", c.transactional_id,
+                 "Exactly-once: the producer's transactional.id (empty: outbox-relay.<system "
+                 "id>.<database>.<slot>, so relays of different databases never share one)")
+      ->envname("OUTBOX_TRANSACTIONAL_ID");
+  app.add_option("--progress-topic", c.progress_topic,
+                 "Exactly-once: compacted topic of the relay's progress, written in each Kafka "
+                 "transaction (created when missing)")
+      ->envname("OUTBOX_PROGRESS_TOPIC")
+      ->capture_default_str();
+  app.add_option("--txn-interval-ms", c.txn_interval_ms,
+                 "Exactly-once: a Kafka transaction is committed this long after it began")
+      ->envname("OUTBOX_TXN_INTERVAL_MS")
+      ->capture_default_str();
+  app.add_option("--txn-max-rows", c.txn_max_rows,
+                 "Exactly-once: ... or once it holds this many rows (a larger PostgreSQL "
+                 "transaction is split)")
+      ->envname("OUTBOX_TXN_MAX_ROWS")
+      ->capture_default_str();
+  app.add_option("--transaction-timeout-ms", c.transaction_timeout_ms,
+                 "Exactly-once: transaction.timeout.ms of the producer (a Kafka transaction "
+                 "never stays open longer; records wait for Kafka at most this long)")
+      ->envname("OUTBOX_TRANSACTION_TIMEOUT_MS")
+      ->capture_default_str();
   app.add_option("--max-in-flight", c.max_in_flight,
                  "Rows produced but not yet acknowledged before the relay stops reading")
       ->envname("OUTBOX_MAX_IN_FLIGHT")
@@ -517,6 +547,32 @@ Status Validate(RelayConfig& c) {
                fmt::format("'{}': reconcile or fail", c.on_slot_lost_flag));
   }
   c.sink = c.sink_flag == "null" ? SinkKind::kNull : SinkKind::kKafka;
+  if (c.delivery_flag != "at-least-once" && c.delivery_flag != "exactly-once") {
+    return Bad("--delivery", "OUTBOX_DELIVERY",
+               fmt::format("'{}': at-least-once or exactly-once", c.delivery_flag));
+  }
+  c.delivery =
+      c.delivery_flag == "exactly-once" ? DeliveryMode::kExactlyOnce : DeliveryMode::kAtLeastOnce;
+  if (c.delivery == DeliveryMode::kExactlyOnce) {
+    if (c.sink != SinkKind::kKafka) {
+      return Bad("--delivery", "OUTBOX_DELIVERY", "exactly-once needs --sink kafka");
+    }
+    if (c.progress_topic.empty()) {
+      return Bad("--progress-topic", "OUTBOX_PROGRESS_TOPIC", "empty with --delivery=exactly-once");
+    }
+    if (c.txn_interval_ms < 1 || c.txn_interval_ms > 60000) {
+      return Bad("--txn-interval-ms", "OUTBOX_TXN_INTERVAL_MS", "must be 1..60000");
+    }
+    if (c.txn_max_rows < 1) return Bad("--txn-max-rows", "OUTBOX_TXN_MAX_ROWS", "must be >= 1");
+    if (c.transaction_timeout_ms < 1000 || c.transaction_timeout_ms > 900000) {
+      return Bad("--transaction-timeout-ms", "OUTBOX_TRANSACTION_TIMEOUT_MS",
+                 "must be 1000..900000 (the broker's transaction.max.timeout.ms is 15 min)");
+    }
+    if (c.txn_interval_ms * 4 > c.transaction_timeout_ms) {
+      return Bad("--txn-interval-ms", "OUTBOX_TXN_INTERVAL_MS",
+                 "must be well below --transaction-timeout-ms (a quarter of it at most)");
+    }
+  }
   c.on_poison =
       c.on_poison_flag == "halt" ? pipeline::OnPoison::kHalt : pipeline::OnPoison::kDeadLetter;
   c.on_slot_lost = c.on_slot_lost_flag == "fail" ? pipeline::OnSlotLost::kFail
@@ -587,6 +643,13 @@ Status Validate(RelayConfig& c) {
                                   ? outbox::UuidInMetadata::kDrop
                                   : outbox::UuidInMetadata::kWatermill;
   if (auto st = ValidateWatermill(c); !st) return st;
+  if (c.watermill && c.delivery == DeliveryMode::kExactlyOnce) {
+    // The Watermill tables' progress is the consumer group's offsets in
+    // PostgreSQL, which a Kafka transaction cannot hold.
+    return Bad("--delivery", "OUTBOX_DELIVERY",
+               "exactly-once is not available with --table-mode=watermill (use at-least-once; "
+               "Watermill's consumers deduplicate)");
+  }
   if (auto st = ValidateNetwork(c); !st) return st;
   // Properties: flags first, then the environment list.
   std::vector<std::string> props = c.kafka_properties;

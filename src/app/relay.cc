@@ -9,6 +9,8 @@
 
 #include "outbox_relay/app/commands.h"
 #include "outbox_relay/app/failover.h"
+#include "outbox_relay/kafka/admin.h"
+#include "outbox_relay/kafka/committed_reader.h"
 #include "outbox_relay/kafka/producer.h"
 #include "outbox_relay/pg/publication.h"
 #include "outbox_relay/pg/relay_schema.h"
@@ -252,15 +254,14 @@ Status Relay::Prepare() {
       return watermill_->Backfill(c, snapshot);
     };
   }
+  so.before_backfill = [this] { return EnsureTransactions(); };
   slot_setup_ =
       std::make_unique<pipeline::SlotSetup>(so, publisher_.get(), tracker_.get(), &stats_, &*stop_);
   return Ok();
 }
 
 Status Relay::AttachSink() {
-  auto sink = MakeSink(config_, publisher_->DeliveryCallback(), [this](const Error&) {
-    metrics_.CountError(metrics::ErrorReason::kKafkaUnavailable);
-  });
+  auto sink = MakeRelaySink();
   if (!sink) return std::unexpected(sink.error());
   if (auto* producer = dynamic_cast<kafka::KafkaProducer*>(sink->get())) {
     // Up to 10 s for a first answer, in slices: a stop request is not held up.
@@ -280,6 +281,10 @@ Status Relay::AttachSink() {
       publisher_->InjectFatalAfter(fatal_after_,
                                    [producer] { producer->InjectFatalErrorForTest(); });
     }
+    // Exactly-once: the transactions are initialised (fencing every other
+    // producer of the transactional.id) only once this instance owns the
+    // slot: EnsureTransactions, before the backfill and before streaming.
+    transactions_ready_ = false;
   } else {
     stats_.kafka_reachable.store(true);
   }
@@ -531,7 +536,30 @@ int Relay::Run(const std::atomic<bool>& stop) {
       Shutdown(live, true);
       return ExitCodeOf(err);
     }
-    if (err.code == ErrorCode::kSlotInUse) {
+    if (err.code == ErrorCode::kAborted) {
+      // Exactly-once: a Kafka transaction aborted; its PostgreSQL transactions
+      // come again from the slot. Kafka's progress did not move, so whatever
+      // it already had is not produced twice.
+      metrics_.CountError(metrics::ErrorReason::kKafkaUnavailable);
+      spdlog::warn("{}", err.message);
+      if (auto recreated = RecreateSinkIfNeeded(); !recreated) {
+        spdlog::error("{}", recreated.error().message);
+        Shutdown(nullptr, true);
+        return ExitCodeOf(recreated.error());
+      }
+    } else if (err.code == ErrorCode::kSlotInUse && transactions_ready_) {
+      // Exactly-once: this instance held the slot and initialised its
+      // transactions, and another one holds the slot now: that one took the
+      // transactional.id over and fenced this producer (a frozen instance
+      // thawed, a partitioned one reconnected). Nothing more of this one's
+      // can commit; it stops, and a restart makes it the new one's standby.
+      spdlog::error(
+          "this relay was replaced: another instance holds slot {} ({}) and took over the "
+          "transactional.id {}, which fences this one; exiting (a restart makes it a standby)",
+          config_.slot, err.message, transactional_id_);
+      Shutdown(live, true);
+      return kExitFailure;
+    } else if (err.code == ErrorCode::kSlotInUse) {
       if (!stats_.standby.exchange(true)) {
         spdlog::info("standby: {}; waiting to take over", err.message);
       }
@@ -551,6 +579,134 @@ int Relay::Run(const std::atomic<bool>& stop) {
     milliseconds wait = err.code == ErrorCode::kSlotInUse ? milliseconds(2000) : Backoff(attempt++);
     SleepUnlessStopped(wait, stop, stats_);
   }
+}
+
+Result<std::unique_ptr<kafka::Sink>> Relay::MakeRelaySink() {
+  auto on_error = [this](const Error&) {
+    metrics_.CountError(metrics::ErrorReason::kKafkaUnavailable);
+  };
+  if (config_.delivery != DeliveryMode::kExactlyOnce) {
+    return MakeSink(config_, publisher_->DeliveryCallback(), on_error);
+  }
+  if (transactional_id_.empty()) {
+    auto id = TransactionalId();
+    if (!id) return std::unexpected(id.error());
+    transactional_id_ = *id;
+  }
+  kafka::ProducerOptions opts = ProducerOptionsOf(config_);
+  opts.transactional_id = transactional_id_;
+  opts.transaction_timeout = milliseconds(config_.transaction_timeout_ms);
+  opts.batch_size = required_batch_size_;
+  auto producer = kafka::KafkaProducer::Create(opts, publisher_->DeliveryCallback(), on_error);
+  if (!producer) return std::unexpected(producer.error());
+  return std::unique_ptr<kafka::Sink>(std::move(*producer));
+}
+
+Result<std::string> Relay::TransactionalId() {
+  if (!config_.transactional_id.empty()) return config_.transactional_id;
+  // The cluster (its system identifier), the database and the slot: two
+  // relays of different databases never share a transactional.id, and an
+  // instance taking a slot over takes its predecessor's, fencing it.
+  auto repl = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kReplication);
+  if (!repl) return std::unexpected(repl.error());
+  auto identity = pg::IdentifySystem(*repl);
+  if (!identity) return std::unexpected(identity.error());
+  return pipeline::DefaultTransactionalId(identity->system_id, repl->database(), config_.slot);
+}
+
+Status Relay::EnsureTransactions() {
+  if (config_.delivery != DeliveryMode::kExactlyOnce || transactions_ready_) return Ok();
+  auto* producer = dynamic_cast<kafka::KafkaProducer*>(publisher_->sink());
+  if (producer == nullptr) return Fail(ErrorCode::kFatal, "internal: exactly-once without Kafka");
+  if (auto st = PrepareTransactions(producer); !st) return st;
+  transactions_ready_ = true;
+  return Ok();
+}
+
+Status Relay::PrepareTransactions(kafka::KafkaProducer* producer) {
+  // Fence every earlier producer of this transactional.id (a frozen old
+  // instance) and complete what it left open; only then is Kafka's progress
+  // final enough to be read.
+  if (auto st = producer->InitTransactions(milliseconds(30000)); !st) return st;
+  rd_kafka_t* rk = producer->handle();
+  auto config = kafka::TopicConfig(rk, config_.progress_topic, milliseconds(10000));
+  if (!config) return std::unexpected(config.error());
+  if (!*config) {
+    if (auto st = kafka::CreateTopic(rk, config_.progress_topic, 1,
+                                     static_cast<int>(config_.topic_replication_factor),
+                                     milliseconds(10000), nullptr, {{"cleanup.policy", "compact"}});
+        !st) {
+      return st;
+    }
+    spdlog::info("created the progress topic {} (compacted)", config_.progress_topic);
+  } else if (auto it = (*config)->find("cleanup.policy");
+             it == (*config)->end() || it->second.find("compact") == std::string::npos) {
+    return Fail(ErrorCode::kInvalidArgument,
+                "invalid setting --progress-topic (OUTBOX_PROGRESS_TOPIC): topic {} has "
+                "cleanup.policy={}; the progress topic must be compacted (its old values would "
+                "otherwise expire, and the relay would produce again what Kafka has): "
+                "kafka-configs --alter --entity-type topics --entity-name {} --add-config "
+                "cleanup.policy=compact",
+                config_.progress_topic,
+                it == (*config)->end() ? std::string("(unknown)") : it->second,
+                config_.progress_topic);
+  }
+  auto value = kafka::ReadLastCommittedValue(ProducerOptionsOf(config_), config_.progress_topic,
+                                             transactional_id_, milliseconds(30000));
+  if (!value) return std::unexpected(value.error());
+  pipeline::KafkaProgress committed;
+  if (*value) {
+    auto decoded = pipeline::DecodeProgress(**value);
+    if (!decoded) {
+      return Fail(ErrorCode::kFatal, "the progress in {} for {} cannot be read: {}",
+                  config_.progress_topic, transactional_id_, decoded.error().message);
+    }
+    committed = *decoded;
+  }
+  pipeline::TransactionOptions to;
+  to.progress_topic = config_.progress_topic;
+  to.key = transactional_id_;
+  to.interval = milliseconds(config_.txn_interval_ms);
+  to.max_rows = config_.txn_max_rows;
+  if (const char* fault = std::getenv("OUTBOX_TEST_FAULT");
+      fault != nullptr && std::string_view(fault) == "eos-no-skip") {
+    spdlog::warn("TEST FAULT eos-no-skip: what Kafka already has is produced again");
+    to.skip_committed = false;
+  }
+  publisher_->EnableTransactions(to, producer, committed);
+  spdlog::info("exactly-once: transactional.id {}; Kafka holds up to {} (rows {}{}){}",
+               transactional_id_, committed.final_lsn, committed.rows,
+               committed.complete ? ", complete" : "",
+               committed.backfill
+                   ? fmt::format("; backfill of {} up to ({}, {})", committed.backfill->snapshot,
+                                 committed.backfill->transaction_id, committed.backfill->offset)
+                   : "");
+  return Ok();
+}
+
+Status Relay::RecreateSinkIfNeeded() {
+  auto* producer = dynamic_cast<kafka::KafkaProducer*>(publisher_->sink());
+  if (producer == nullptr) return Ok();
+  auto wanted = producer->RequiredBatchSize();
+  if (!wanted) return Ok();
+  // Let the purged records' reports settle before the producer goes.
+  Drain(milliseconds(5000));
+  pipeline::KafkaProgress committed = publisher_->committed_progress();
+  required_batch_size_ = *wanted;
+  publisher_->CloseSink();
+  auto sink = MakeRelaySink();
+  if (!sink) return std::unexpected(sink.error());
+  auto* fresh = dynamic_cast<kafka::KafkaProducer*>(sink->get());
+  if (auto st = fresh->InitTransactions(milliseconds(30000)); !st) return st;
+  pipeline::TransactionOptions to;
+  to.progress_topic = config_.progress_topic;
+  to.key = transactional_id_;
+  to.interval = milliseconds(config_.txn_interval_ms);
+  to.max_rows = config_.txn_max_rows;
+  publisher_->EnableTransactions(to, fresh, committed);
+  publisher_->AttachSink(std::move(*sink));
+  spdlog::info("the transactional producer starts again with batch.size {}", *wanted);
+  return Ok();
 }
 
 Status Relay::Stream(std::optional<pipeline::StreamSession>* session,
@@ -578,6 +734,8 @@ Status Relay::Stream(std::optional<pipeline::StreamSession>* session,
   if (!stream) return std::unexpected(stream.error());
   last_walsender_pid_ = stream->backend_pid();
   if (stats_.standby.exchange(false)) spdlog::info("slot {} is free: taking over", config_.slot);
+  // The slot is ours: only now may this instance fence the previous holder.
+  if (auto st = EnsureTransactions(); !st) return st;
   pipeline::SessionOptions so;
   so.receive_timeout = pipeline::Liveness::ForServer(milliseconds(config_.pg_receive_timeout_ms),
                                                      wal_sender_timeout);
@@ -604,6 +762,20 @@ Status Relay::Stream(std::optional<pipeline::StreamSession>* session,
   stats_.streaming = true;
   Status st = (*session)->Run();
   stats_.streaming = false;
+  if (publisher_->transactional()) {
+    // Exactly-once: what the open Kafka transaction holds commits now (its
+    // progress says how far, the open PostgreSQL transaction's rows
+    // included), unless it failed: then it is aborted and sent again.
+    if (!st && st.error().code == ErrorCode::kAborted) {
+      if (auto aborted = publisher_->AbortTransaction(milliseconds(30000)); !aborted) {
+        spdlog::warn("{}", aborted.error().message);
+      }
+    } else {
+      auto finished = publisher_->FinishTransaction(milliseconds(config_.transaction_timeout_ms),
+                                                    st ? &**session : nullptr);
+      if (!finished && (st || finished.error().code == ErrorCode::kFatal)) st = finished;
+    }
+  }
   if (tracking::Transaction* open = (*session)->TakeOpenTransaction()) {
     // The server will send this transaction again from its start.
     tracker_->Abandon(open);
@@ -681,7 +853,11 @@ int Relay::Shutdown(pipeline::StreamSession* session, bool failed) {
     spdlog::info("stopping: flushing {} rows in flight", tracker_->rows_in_flight());
     // Flush sends what linger holds back; deliveries then drain the tracker
     // and the marker marks. Keep talking to the walsender meanwhile.
-    if (auto st = publisher_->Flush(std::min(remaining(), milliseconds(1000))); !st) {
+    if (publisher_->transactional()) {
+      if (auto st = publisher_->FinishTransaction(remaining(), session); !st) {
+        spdlog::warn("{}", st.error().message);
+      }
+    } else if (auto st = publisher_->Flush(std::min(remaining(), milliseconds(1000))); !st) {
       spdlog::debug("{}", st.error().message);
     }
     while (!(drained = tracker_->WaitEmpty(milliseconds(200))) && !tracker_->failure() &&

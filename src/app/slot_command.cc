@@ -5,9 +5,12 @@
 #include <CLI/CLI.hpp>
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 
 #include "outbox_relay/app/commands.h"
 #include "outbox_relay/app/logging.h"
+#include "outbox_relay/kafka/committed_reader.h"
+#include "outbox_relay/pg/replication.h"
 
 namespace outbox_relay::app {
 
@@ -74,6 +77,16 @@ void AddSlotStatusFlags(CLI::App& app, SlotCommandConfig& c) {
   app.add_option("--output", c.output, "Output format: text or json")
       ->envname("OUTBOX_OUTPUT")
       ->capture_default_str();
+  app.add_option("--kafka-brokers", c.kafka_brokers,
+                 "Also show the exactly-once progress Kafka holds (--delivery=exactly-once) "
+                 "next to the slot's confirmed position")
+      ->envname("KAFKA_BROKERS");
+  app.add_option("--progress-topic", c.progress_topic, "Exactly-once: the progress topic")
+      ->envname("OUTBOX_PROGRESS_TOPIC")
+      ->capture_default_str();
+  app.add_option("--transactional-id", c.transactional_id,
+                 "Exactly-once: the relay's transactional.id (empty: derived as run derives it)")
+      ->envname("OUTBOX_TRANSACTIONAL_ID");
 }
 
 void AddSlotDropFlags(CLI::App& app, SlotCommandConfig& c) {
@@ -180,6 +193,58 @@ Result<SlotReport> QuerySlotReport(pg::Connection& conn, const std::string& slot
   return report;
 }
 
+namespace {
+
+// The exactly-once progress Kafka holds for the relay of this slot.
+SlotReport::KafkaSide ReadKafkaSide(const SlotCommandConfig& c) {
+  SlotReport::KafkaSide side;
+  side.topic = c.progress_topic;
+  side.key = c.transactional_id;
+  if (side.key.empty()) {
+    auto repl = pg::Connection::Open(c.database_url, pg::Connection::Mode::kReplication,
+                                     "outbox-relay-slot");
+    if (!repl) {
+      side.error = "cannot derive the transactional.id: " + repl.error().message;
+      return side;
+    }
+    auto identity = pg::IdentifySystem(*repl);
+    if (!identity) {
+      side.error = "cannot derive the transactional.id: " + identity.error().message;
+      return side;
+    }
+    side.key = pipeline::DefaultTransactionalId(identity->system_id, repl->database(), c.slot);
+  }
+  kafka::ProducerOptions connection;
+  connection.brokers = c.kafka_brokers;
+  if (const char* env = std::getenv("OUTBOX_KAFKA_PROPERTIES")) {
+    for (const std::string& p : SplitPropertyList(env)) {
+      size_t eq = p.find('=');
+      if (eq != std::string::npos)
+        connection.properties.emplace_back(p.substr(0, eq), p.substr(eq + 1));
+    }
+  }
+  auto value = kafka::ReadLastCommittedValue(connection, side.topic, side.key,
+                                             std::chrono::milliseconds(15000));
+  if (!value) {
+    side.error = value.error().message;
+  } else if (*value) {
+    auto decoded = pipeline::DecodeProgress(**value);
+    if (decoded) {
+      side.progress = *decoded;
+    } else {
+      side.error = "cannot read the progress record: " + decoded.error().message;
+    }
+  }
+  return side;
+}
+
+std::string BackfillText(const pipeline::BackfillCursor& b) {
+  return fmt::format("snapshot {} up to (transaction_id {}, offset {})", b.snapshot,
+                     b.transaction_id, b.offset);
+}
+
+}  // namespace
+
 std::string FormatSlotReportText(const SlotReport& r) {
   std::string out;
   auto line = [&](std::string_view name, std::string_view value) {
@@ -243,6 +308,26 @@ std::string FormatSlotReportText(const SlotReport& r) {
     line("commit_time", fmt::format("{} .. {}", r.first_commit_time.value_or("-"),
                                     r.last_commit_time.value_or("-")));
   }
+  if (r.kafka) {
+    out += fmt::format("Kafka progress (exactly-once; topic {}, key {})\n", r.kafka->topic,
+                       r.kafka->key);
+    if (!r.kafka->error.empty()) {
+      line("error", r.kafka->error);
+    } else if (!r.kafka->progress) {
+      line("(none)", "no committed progress: the relay never committed in exactly-once mode");
+    } else {
+      const pipeline::KafkaProgress& k = *r.kafka->progress;
+      line("commit_lsn", k.final_lsn.ToString());
+      line("rows", fmt::format("{}{}", k.rows,
+                               k.complete ? " (the whole transaction)" : " (more of it to come)"));
+      if (k.backfill) line("backfill", BackfillText(*k.backfill));
+      if (r.confirmed_flush_lsn) {
+        line("vs the slot", fmt::format("confirmed_flush_lsn {}: what lies between is sent again "
+                                        "after a restart and skipped, not produced twice",
+                                        *r.confirmed_flush_lsn));
+      }
+    }
+  }
   return out;
 }
 
@@ -299,6 +384,22 @@ std::string FormatSlotReportJson(const SlotReport& r) {
                     r.indexed_transactions, OptionalJson(r.first_commit_lsn),
                     OptionalJson(r.last_commit_lsn), OptionalJson(r.first_commit_time),
                     OptionalJson(r.last_commit_time)));
+  if (r.kafka) {
+    std::string progress = "null";
+    if (const auto& k = r.kafka->progress) {
+      progress = fmt::format(
+          "{{\"commit_lsn\":{},\"rows\":{},\"complete\":{},\"backfill\":{}}}",
+          JsonQuote(k->final_lsn.ToString()), k->rows, k->complete ? "true" : "false",
+          k->backfill ? fmt::format("{{\"snapshot\":{},\"transaction_id\":{},\"offset\":{}}}",
+                                    JsonQuote(k->backfill->snapshot), k->backfill->transaction_id,
+                                    k->backfill->offset)
+                      : "null");
+    }
+    field("kafka_progress",
+          fmt::format("{{\"topic\":{},\"key\":{},\"progress\":{},\"error\":{}}}",
+                      JsonQuote(r.kafka->topic), JsonQuote(r.kafka->key), progress,
+                      r.kafka->error.empty() ? "null" : JsonQuote(r.kafka->error)));
+  }
   out += "}\n";
   return out;
 }
@@ -320,6 +421,7 @@ int SlotStatusCommand(SlotCommandConfig& c) {
     spdlog::error("slot status: {}", report.error().message);
     return kExitFailure;
   }
+  if (!c.kafka_brokers.empty()) report->kafka = ReadKafkaSide(c);
   std::string text =
       c.output == "json" ? FormatSlotReportJson(*report) : FormatSlotReportText(*report);
   std::fwrite(text.data(), 1, text.size(), stdout);

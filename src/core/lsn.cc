@@ -53,6 +53,8 @@ std::string_view ErrorCodeName(ErrorCode code) {
       return "permission";
     case ErrorCode::kCancelled:
       return "cancelled";
+    case ErrorCode::kAborted:
+      return "aborted";
     case ErrorCode::kFatal:
       return "fatal";
   }

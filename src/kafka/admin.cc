@@ -62,12 +62,20 @@ AdminOptionsHandle Options(rd_kafka_t* rk, rd_kafka_admin_op_t op,
 }  // namespace
 
 Status CreateTopic(rd_kafka_t* rk, const std::string& name, int partitions, int replication_factor,
-                   std::chrono::milliseconds timeout, const std::atomic<bool>* cancel) {
+                   std::chrono::milliseconds timeout, const std::atomic<bool>* cancel,
+                   const std::map<std::string, std::string>& configs) {
   std::array<char, 512> errstr{};
   NewTopicHandle topic(rd_kafka_NewTopic_new(name.c_str(), partitions, replication_factor,
                                              errstr.data(), errstr.size()));
   if (!topic) {
     return Fail(ErrorCode::kInvalidArgument, "create topic {}: {}", name, errstr.data());
+  }
+  for (const auto& [key, value] : configs) {
+    if (rd_kafka_resp_err_t err =
+            rd_kafka_NewTopic_set_config(topic.get(), key.c_str(), value.c_str())) {
+      return Fail(ErrorCode::kInvalidArgument, "create topic {}: config {}: {}", name, key,
+                  rd_kafka_err2str(err));
+    }
   }
   QueueHandle queue(rd_kafka_queue_new(rk));
   AdminOptionsHandle opts = Options(rk, RD_KAFKA_ADMIN_OP_CREATETOPICS, timeout);
@@ -89,9 +97,10 @@ Status CreateTopic(rd_kafka_t* rk, const std::string& name, int partitions, int 
   return Ok();
 }
 
-Result<std::optional<int64_t>> TopicMaxMessageBytes(rd_kafka_t* rk, const std::string& name,
-                                                    std::chrono::milliseconds timeout,
-                                                    const std::atomic<bool>* cancel) {
+Result<std::optional<std::map<std::string, std::string>>> TopicConfig(
+    rd_kafka_t* rk, const std::string& name, std::chrono::milliseconds timeout,
+    const std::atomic<bool>* cancel) {
+  using Config = std::map<std::string, std::string>;
   ConfigResourceHandle resource(rd_kafka_ConfigResource_new(RD_KAFKA_RESOURCE_TOPIC, name.c_str()));
   QueueHandle queue(rd_kafka_queue_new(rk));
   AdminOptionsHandle opts = Options(rk, RD_KAFKA_ADMIN_OP_DESCRIBECONFIGS, timeout);
@@ -106,27 +115,44 @@ Result<std::optional<int64_t>> TopicMaxMessageBytes(rd_kafka_t* rk, const std::s
       result != nullptr ? rd_kafka_DescribeConfigs_result_resources(result, &count) : nullptr;
   if (count == 0) return Fail(ErrorCode::kTransient, "describe topic {}: empty answer", name);
   rd_kafka_resp_err_t err = rd_kafka_ConfigResource_error(described[0]);
-  if (err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) return std::optional<int64_t>();
+  if (err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) return std::optional<Config>();
   if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
     return Fail(CodeOf(err), "describe topic {}: {}", name,
                 rd_kafka_ConfigResource_error_string(described[0]));
   }
+  Config out;
   size_t entries = 0;
   const rd_kafka_ConfigEntry_t** configs = rd_kafka_ConfigResource_configs(described[0], &entries);
   for (size_t i = 0; i < entries; ++i) {
-    if (std::string_view(rd_kafka_ConfigEntry_name(configs[i])) != "max.message.bytes") continue;
     const char* value = rd_kafka_ConfigEntry_value(configs[i]);
-    int64_t v = 0;
-    std::string_view text = value != nullptr ? value : "";
-    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-    if (ec != std::errc() || end != text.data() + text.size()) {
-      return Fail(ErrorCode::kInvalidArgument, "topic {}: max.message.bytes '{}' is not a number",
-                  name, text);
-    }
-    return std::optional<int64_t>(v);
+    out[rd_kafka_ConfigEntry_name(configs[i])] = value != nullptr ? value : "";
   }
-  return Fail(ErrorCode::kInvalidArgument, "topic {}: the broker did not say its max.message.bytes",
-              name);
+  return std::optional<Config>(std::move(out));
+}
+
+Result<std::optional<std::map<std::string, std::string>>> TopicConfig(
+    rd_kafka_t* rk, const std::string& name, std::chrono::milliseconds timeout) {
+  return TopicConfig(rk, name, timeout, nullptr);
+}
+
+Result<std::optional<int64_t>> TopicMaxMessageBytes(rd_kafka_t* rk, const std::string& name,
+                                                    std::chrono::milliseconds timeout,
+                                                    const std::atomic<bool>* cancel) {
+  auto config = TopicConfig(rk, name, timeout, cancel);
+  if (!config) return std::unexpected(config.error());
+  if (!*config) return std::optional<int64_t>();
+  auto it = (*config)->find("max.message.bytes");
+  if (it == (*config)->end()) {
+    return Fail(ErrorCode::kInvalidArgument,
+                "topic {}: the broker did not say its max.message.bytes", name);
+  }
+  int64_t v = 0;
+  auto [end, ec] = std::from_chars(it->second.data(), it->second.data() + it->second.size(), v);
+  if (ec != std::errc() || end != it->second.data() + it->second.size()) {
+    return Fail(ErrorCode::kInvalidArgument, "topic {}: max.message.bytes '{}' is not a number",
+                name, it->second);
+  }
+  return std::optional<int64_t>(v);
 }
 
 }  // namespace outbox_relay::kafka

@@ -121,6 +121,12 @@ Result<std::map<std::string, std::string>> ProducerConfig(const ProducerOptions&
       {"queue.buffering.max.kbytes", "65536"},
       {"socket.keepalive.enable", "true"},
   };
+  if (!options.transactional_id.empty()) {
+    // A transactional producer may not wait for a record longer than its
+    // transaction may stay open; a record that times out fails (aborts) the
+    // transaction, and the slot sends it again.
+    conf["message.timeout.ms"] = std::to_string(options.transaction_timeout.count());
+  }
   for (const auto& [key, value] : options.properties) {
     auto ok = CheckGuarantee(key, value);
     if (!ok) return std::unexpected(ok.error());
@@ -140,10 +146,15 @@ Result<std::unique_ptr<KafkaProducer>> KafkaProducer::Create(const ProducerOptio
   p->on_error_ = std::move(on_error);
   p->settings_ = std::move(*settings);
   p->batch_size_ = kDefaultBatchSize;
+  if (options.batch_size > 0) p->settings_["batch.size"] = std::to_string(options.batch_size);
   if (auto it = p->settings_.find("batch.size"); it != p->settings_.end()) {
     int64_t v = 0;
     auto [end, ec] = std::from_chars(it->second.data(), it->second.data() + it->second.size(), v);
     if (ec == std::errc() && end == it->second.data() + it->second.size()) p->batch_size_ = v;
+  }
+  if (p->transactional()) {
+    p->settings_["transactional.id"] = options.transactional_id;
+    p->settings_["transaction.timeout.ms"] = std::to_string(options.transaction_timeout.count());
   }
   auto lane = p->LaneWithBatchSize(p->batch_size_);
   if (!lane) return std::unexpected(lane.error());
@@ -179,20 +190,33 @@ Result<KafkaProducer::Lane*> KafkaProducer::LaneWithBatchSize(int64_t batch_size
   lane->owner = this;
   lane->batch_size = batch_size;
   rd_kafka_conf_set_opaque(conf.get(), lane.get());
-  rd_kafka_conf_set_dr_msg_cb(conf.get(), &KafkaProducer::OnDeliveryReport);
-  rd_kafka_conf_set_error_cb(conf.get(), &KafkaProducer::OnError);
+  // Delivery reports and errors as events, served by this lane's poller only:
+  // rd_kafka_flush (and rd_kafka_commit_transaction, which flushes) then
+  // never serves them on the calling thread as well.
+  rd_kafka_conf_set_events(conf.get(), RD_KAFKA_EVENT_DR | RD_KAFKA_EVENT_ERROR);
   rd_kafka_conf_set_log_cb(conf.get(), &KafkaProducer::OnLog);
   // On success rd_kafka_new owns conf; on failure we still do.
   lane->rk.reset(rd_kafka_new(RD_KAFKA_PRODUCER, conf.get(), errstr.data(), errstr.size()));
-  if (!lane->rk)
+  if (!lane->rk) {
     return Fail(ErrorCode::kInvalidArgument, "create Kafka producer: {}", errstr.data());
+  }
   (void)conf.release();
   lane->poller = std::thread([this, raw = lane.get()] {
+    QueueHandle queue(rd_kafka_queue_get_main(raw->rk.get()));
     while (!stop_.load(std::memory_order_relaxed)) {
-      if (flush_waiters_.load(std::memory_order_relaxed) > 0) {
-        (void)rd_kafka_flush(raw->rk.get(), 20);  // serves reports here, on this thread
-      } else {
-        rd_kafka_poll(raw->rk.get(), 20);
+      EventHandle ev(rd_kafka_queue_poll(queue.get(), 20));
+      if (!ev) continue;
+      switch (rd_kafka_event_type(ev.get())) {
+        case RD_KAFKA_EVENT_DR:
+          while (const rd_kafka_message_t* msg = rd_kafka_event_message_next(ev.get())) {
+            Report(*raw, msg);
+          }
+          break;
+        case RD_KAFKA_EVENT_ERROR:
+          OnError(*raw, rd_kafka_event_error(ev.get()), rd_kafka_event_error_string(ev.get()));
+          break;
+        default:
+          break;
       }
     }
   });
@@ -262,7 +286,19 @@ void KafkaProducer::PrepareTopic(const std::string& name) {
         name, limit.error().message, batch_size_);
   }
   Lane* lane = default_lane_;
-  if (max_message_bytes && BatchSizeFor(*max_message_bytes) < batch_size_) {
+  if (max_message_bytes && BatchSizeFor(*max_message_bytes) < batch_size_ && transactional()) {
+    // A transaction is one producer's: no second lane. The pipeline starts
+    // again with a producer whose batches fit every topic.
+    int64_t wanted = BatchSizeFor(*max_message_bytes);
+    int64_t seen = required_batch_size_.load();
+    while ((seen == 0 || wanted < seen) &&
+           !required_batch_size_.compare_exchange_weak(seen, wanted)) {
+    }
+    spdlog::info(
+        "kafka: topic {} accepts batches of at most {} bytes: the transactional producer "
+        "starts again with batch.size {}",
+        name, *max_message_bytes, wanted);
+  } else if (max_message_bytes && BatchSizeFor(*max_message_bytes) < batch_size_) {
     auto smaller = LaneWithBatchSize(BatchSizeFor(*max_message_bytes));
     if (smaller) {
       lane = *smaller;
@@ -305,6 +341,12 @@ Result<Sink::Accepted> KafkaProducer::Produce(const outbox::KafkaRecord& record,
   }
   if (!topic->rkt) {
     return Fail(ErrorCode::kPoison, "cannot use topic '{}': {}", record.topic, topic->rkt_error);
+  }
+  if (int64_t wanted = required_batch_size_.load(std::memory_order_relaxed); wanted != 0) {
+    return Fail(ErrorCode::kAborted,
+                "topic '{}' needs batches of at most {} bytes: the transactional producer starts "
+                "again with that batch.size",
+                record.topic, wanted);
   }
   rd_kafka_t* rk = topic->lane->rk.get();
   HeadersHandle headers(rd_kafka_headers_new(record.headers.size()));
@@ -349,22 +391,23 @@ void KafkaProducer::InjectFatalErrorForTest() {
 }
 
 Status KafkaProducer::Flush(std::chrono::milliseconds timeout) {
-  // Not rd_kafka_flush here: it would serve delivery reports on this thread
-  // while the pollers serve others on their own. The pollers flush instead.
+  // Reports are events (see LaneWithBatchSize): rd_kafka_flush sends what
+  // linger holds back and waits, while the pollers serve the reports.
   auto deadline = std::chrono::steady_clock::now() + timeout;
-  auto queued = [&] {
+  std::vector<rd_kafka_t*> handles;
+  {
     std::lock_guard lock(lanes_mu_);
-    int n = 0;
-    for (const auto& lane : lanes_) n += rd_kafka_outq_len(lane->rk.get());
-    return n;
-  };
-  flush_waiters_.fetch_add(1);
-  while (queued() > 0 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    for (const auto& lane : lanes_) handles.push_back(lane->rk.get());
   }
-  flush_waiters_.fetch_sub(1);
-  if (int n = queued(); n > 0) {
-    return Fail(ErrorCode::kTransient, "Kafka flush: {} records still in flight after {} ms", n,
+  int left = 0;
+  for (rd_kafka_t* rk : handles) {
+    auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    (void)rd_kafka_flush(rk, static_cast<int>(std::max<int64_t>(0, remaining.count())));
+    left += rd_kafka_outq_len(rk);
+  }
+  if (left > 0) {
+    return Fail(ErrorCode::kTransient, "Kafka flush: {} records still in flight after {} ms", left,
                 timeout.count());
   }
   return Ok();
@@ -389,11 +432,6 @@ Status KafkaProducer::CheckConnection(std::chrono::milliseconds timeout) {
   MetadataHandle owned(md);
   brokers_down_.store(false);
   return Ok();
-}
-
-void KafkaProducer::OnDeliveryReport(rd_kafka_t*, const rd_kafka_message_t* msg, void* opaque) {
-  auto* lane = static_cast<Lane*>(opaque);
-  lane->owner->Report(*lane, msg);
 }
 
 void KafkaProducer::Report(Lane& lane, const rd_kafka_message_t* msg) {
@@ -469,6 +507,12 @@ void KafkaProducer::Report(Lane& lane, const rd_kafka_message_t* msg) {
   if (IsPermanentForRecord(msg->err)) {
     d.error = Error{ErrorCode::kPoison, fmt::format("Kafka refused the record for topic '{}': {}",
                                                     d.topic, rd_kafka_err2str(msg->err))};
+  } else if (transactional() && msg->err != RD_KAFKA_RESP_ERR__FATAL &&
+             rd_kafka_fatal_error(rk, nullptr, 0) == RD_KAFKA_RESP_ERR_NO_ERROR) {
+    // In a transaction a failed record fails the transaction: it is aborted
+    // and what it held is sent again (purged records come back this way too).
+    d.error = Error{ErrorCode::kAborted, fmt::format("delivery to '{}' failed: {}", d.topic,
+                                                     rd_kafka_err2str(msg->err))};
   } else if (msg->err == RD_KAFKA_RESP_ERR__FATAL ||
              rd_kafka_fatal_error(rk, nullptr, 0) != RD_KAFKA_RESP_ERR_NO_ERROR) {
     // After a fatal error the messages still queued come back as "purged";
@@ -489,25 +533,22 @@ std::string KafkaProducer::CredentialsError() const {
   return credentials_error_;
 }
 
-void KafkaProducer::OnError(rd_kafka_t* rk, int err, const char* reason, void* opaque) {
-  auto* self = static_cast<Lane*>(opaque)->owner;
-  auto code = static_cast<rd_kafka_resp_err_t>(err);
-  if (code == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN) self->brokers_down_.store(true);
+void KafkaProducer::OnError(Lane& lane, rd_kafka_resp_err_t code, const char* reason) {
+  if (code == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN) brokers_down_.store(true);
   // Refused credentials and a certificate that does not verify: settings, not outages.
   if (code == RD_KAFKA_RESP_ERR__AUTHENTICATION ||
       (code == RD_KAFKA_RESP_ERR__SSL &&
        std::string_view(reason).find("certificate verify failed") != std::string_view::npos)) {
-    std::lock_guard lock(self->credentials_mu_);
-    self->credentials_error_ = reason;
+    std::lock_guard lock(credentials_mu_);
+    credentials_error_ = reason;
   }
-  if (self->on_error_) {
-    self->on_error_(
-        Error{code == RD_KAFKA_RESP_ERR__FATAL ? ErrorCode::kFatal : ErrorCode::kTransient,
-              fmt::format("{}: {}", rd_kafka_err2name(code), reason)});
+  if (on_error_) {
+    on_error_(Error{code == RD_KAFKA_RESP_ERR__FATAL ? ErrorCode::kFatal : ErrorCode::kTransient,
+                    fmt::format("{}: {}", rd_kafka_err2name(code), reason)});
   }
   if (code == RD_KAFKA_RESP_ERR__FATAL) {
     std::array<char, 512> buf{};
-    rd_kafka_resp_err_t fatal = rd_kafka_fatal_error(rk, buf.data(), buf.size());
+    rd_kafka_resp_err_t fatal = rd_kafka_fatal_error(lane.rk.get(), buf.data(), buf.size());
     spdlog::error("kafka: fatal error {}: {}", rd_kafka_err2name(fatal), buf.data());
     return;
   }
@@ -522,6 +563,70 @@ void KafkaProducer::OnLog(const rd_kafka_t*, int level, const char* fac, const c
   } else {
     spdlog::debug("kafka {}: {}", fac, buf);
   }
+}
+
+namespace {
+
+// A transactional API error as the relay judges it; consumes `error`.
+Error TxnError(rd_kafka_error_t* error, std::string_view what) {
+  ErrorHandle owned(error);
+  rd_kafka_resp_err_t code = rd_kafka_error_code(error);
+  std::string text = rd_kafka_error_string(error);
+  if (code == RD_KAFKA_RESP_ERR__FENCED || code == RD_KAFKA_RESP_ERR_PRODUCER_FENCED ||
+      code == RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH) {
+    return Error{ErrorCode::kFatal,
+                 fmt::format("{}: this relay was replaced: another instance took over its "
+                             "transactional.id and fenced it ({}); it publishes nothing more",
+                             what, text)};
+  }
+  if (rd_kafka_error_is_fatal(error)) {
+    return Error{ErrorCode::kFatal, fmt::format("{}: fatal: {}", what, text)};
+  }
+  if (rd_kafka_error_txn_requires_abort(error)) {
+    return Error{ErrorCode::kAborted, fmt::format("{}: {}", what, text)};
+  }
+  if (rd_kafka_error_is_retriable(error)) {
+    return Error{ErrorCode::kTransient, fmt::format("{}: {}", what, text)};
+  }
+  return Error{ErrorCode::kFatal, fmt::format("{}: {}", what, text)};
+}
+
+}  // namespace
+
+Status KafkaProducer::InitTransactions(std::chrono::milliseconds timeout) {
+  if (rd_kafka_error_t* e =
+          rd_kafka_init_transactions(handle(), static_cast<int>(timeout.count()))) {
+    return std::unexpected(TxnError(e, "Kafka: init transactions"));
+  }
+  return Ok();
+}
+
+Status KafkaProducer::BeginTransaction() {
+  if (rd_kafka_error_t* e = rd_kafka_begin_transaction(handle())) {
+    return std::unexpected(TxnError(e, "Kafka: begin transaction"));
+  }
+  return Ok();
+}
+
+Status KafkaProducer::CommitTransaction(std::chrono::milliseconds timeout) {
+  if (rd_kafka_error_t* e =
+          rd_kafka_commit_transaction(handle(), static_cast<int>(timeout.count()))) {
+    return std::unexpected(TxnError(e, "Kafka: commit transaction"));
+  }
+  return Ok();
+}
+
+Status KafkaProducer::AbortTransaction(std::chrono::milliseconds timeout) {
+  if (rd_kafka_error_t* e =
+          rd_kafka_abort_transaction(handle(), static_cast<int>(timeout.count()))) {
+    return std::unexpected(TxnError(e, "Kafka: abort transaction"));
+  }
+  return Ok();
+}
+
+std::optional<int64_t> KafkaProducer::RequiredBatchSize() const {
+  int64_t v = required_batch_size_.load();
+  return v == 0 ? std::nullopt : std::optional<int64_t>(v);
 }
 
 Result<Sink::Accepted> NullSink::Produce(const outbox::KafkaRecord& record, void* opaque) {

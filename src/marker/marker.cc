@@ -178,7 +178,11 @@ Status Marker::MarkBatch(const std::vector<tracking::Transaction*>& batch,
     fmt::format_to(out(commit_lsns_), "{}{}", sep, tx->final_lsn);
     fmt::format_to(out(end_lsns_), "{}{}", sep, tx->end_lsn);
     fmt::format_to(out(times_), "{}{}", sep, tx->commit_time.micros);
-    fmt::format_to(out(counts_), "{}{}", sep, tx->rows);
+    uint64_t rows = 0;  // the rows noted: produced, or (exactly-once) already in Kafka
+    for (const tracking::RowRange& run : tx->row_ranges) {
+      rows += static_cast<uint64_t>(run.last - run.first + 1);
+    }
+    fmt::format_to(out(counts_), "{}{}", sep, rows);
     for (const tracking::RowRange& run : tx->row_ranges) {
       const char* rsep = first_run ? "" : ",";
       fmt::format_to(out(run_xids_), "{}{}", rsep, run.transaction_id);

@@ -117,6 +117,26 @@ Metrics::Metrics(std::string service)
                      .Help("Rows published by a snapshot backfill")
                      .Register(reg)
                      .Add(svc);
+  auto& kafka_txns = BuildCounter()
+                         .Name("outbox_relay_kafka_transactions_total")
+                         .Help(
+                             "Kafka transactions (exactly-once delivery) by result: committed, "
+                             "aborted")
+                         .Register(reg);
+  kafka_txns_committed_ = &kafka_txns.Add({{"service", service_}, {"result", "committed"}});
+  kafka_txns_aborted_ = &kafka_txns.Add({{"service", service_}, {"result", "aborted"}});
+  kafka_txn_commit_ = &BuildHistogram()
+                           .Name("outbox_relay_kafka_transaction_commit_seconds")
+                           .Help("Time to commit a Kafka transaction (exactly-once delivery)")
+                           .Register(reg)
+                           .Add(svc, LatencyBuckets());
+  skipped_ = &BuildCounter()
+                  .Name("outbox_relay_rows_already_in_kafka_total")
+                  .Help(
+                      "Rows sent again by PostgreSQL after a restart that Kafka already had "
+                      "(exactly-once delivery: marked, not produced again)")
+                  .Register(reg)
+                  .Add(svc);
   pipeline_restarts_ = &BuildCounter()
                             .Name("outbox_relay_pipeline_restarts_total")
                             .Help(

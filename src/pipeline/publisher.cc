@@ -33,7 +33,10 @@ Publisher::Publisher(PublisherOptions options, outbox::RecordMapper mapper,
       mapper_(std::move(mapper)),
       dead_letters_(options_.dlq_topic, options_.dlq_max_bytes, options_.columns) {}
 
-Publisher::~Publisher() { CloseSink(); }
+Publisher::~Publisher() {
+  if (worker_.joinable()) worker_.join();
+  CloseSink();
+}
 
 void Publisher::AttachSink(std::unique_ptr<kafka::Sink> sink) { sink_ = std::move(sink); }
 
@@ -50,7 +53,7 @@ void Publisher::InjectFatalAfter(uint64_t n, std::function<void()> inject) {
 
 bool Publisher::Backpressured() const {
   return tracker_->rows_in_flight() >= options_.max_in_flight ||
-         tracker_->awaiting_mark() >= options_.max_awaiting_mark;
+         tracker_->awaiting_mark() >= options_.max_awaiting_mark || state_ != TxnState::kIdle;
 }
 
 bool Publisher::Reachable() const { return sink_ != nullptr && sink_->Reachable(); }
@@ -64,14 +67,39 @@ Status Publisher::MapAndProduce(const outbox::ColumnMap& columns, const pgoutput
                                 tracking::Transaction* tx, KeepAlive* keep) {
   auto mapped = mapper_.Map(columns, row, tx->final_lsn);
   if (!mapped) return std::unexpected(mapped.error());
+  const uint64_t row_index = tx->rows_seen++;
   if (mapped->already_processed) {
     // A Watermill table's row the consumer group had processed when the
     // stream started (the polling forwarder published it): not again.
     stats_->already_processed.fetch_add(1, std::memory_order_relaxed);
     return Ok();
   }
+  std::optional<Error> refused_before;
+  if (txn_) {
+    const outbox::RowIdentity& id = mapped->identity;
+    bool held = tx->final_lsn != kInvalidLsn
+                    ? committed_.Holds(tx->final_lsn, row_index)
+                    : backfill_snapshot_ && committed_.HoldsBackfilled(
+                                                *backfill_snapshot_, id.transaction_id, id.offset);
+    if (held && txn_->skip_committed) {
+      // Kafka has it, committed: marked, not produced again.
+      tracking::AckTracker::NoteRow(tx, id.transaction_id, id.offset);
+      stats_->already_in_kafka.fetch_add(1, std::memory_order_relaxed);
+      metrics_->rows_already_in_kafka().Increment();
+      return Ok();
+    }
+    if (auto st = JoinTransaction(tx); !st) return st;
+    std::lock_guard lock(refused_uuids_mu_);
+    if (!id.uuid.empty() && refused_uuids_.contains(std::string(id.uuid))) {
+      refused_before = Error{ErrorCode::kPoison,
+                             "the broker refused this record for good in an earlier (aborted) "
+                             "Kafka transaction"};
+    }
+  }
   Status st = mapped->poison ? DeadLetter(*mapped->poison, mapped->identity, columns, row, tx, keep)
-                             : Produce(*mapped->record, tx, keep);
+              : refused_before
+                  ? DeadLetter(*refused_before, mapped->identity, columns, row, tx, keep)
+                  : Produce(*mapped->record, tx, keep);
   if (!st && st.error().code == ErrorCode::kPoison && !mapped->poison) {
     // Refused by the producer itself (e.g. larger than message.max.bytes).
     st = DeadLetter(st.error(), mapped->identity, columns, row, tx, keep);
@@ -80,6 +108,18 @@ Status Publisher::MapAndProduce(const outbox::ColumnMap& columns, const pgoutput
   // it is acknowledged: never one whose production was given up.
   if (st) {
     tracking::AckTracker::NoteRow(tx, mapped->identity.transaction_id, mapped->identity.offset);
+    if (txn_) {
+      // What the open Kafka transaction holds, once committed.
+      ++txn_rows_;
+      if (tx->final_lsn != kInvalidLsn) {
+        pending_.final_lsn = tx->final_lsn;
+        pending_.rows = row_index + 1;
+        pending_.complete = false;
+      } else if (backfill_snapshot_) {
+        pending_.backfill = BackfillCursor{*backfill_snapshot_, mapped->identity.transaction_id,
+                                           mapped->identity.offset};
+      }
+    }
   }
   return st;
 }
@@ -161,6 +201,37 @@ Status Publisher::Offer(const outbox::KafkaRecord& record, tracking::Transaction
 
 void Publisher::OnDelivery(const kafka::Delivery& d) {
   auto* tx = static_cast<tracking::Transaction*>(d.opaque);
+  if (txn_ && d.error && d.error->code != ErrorCode::kFatal) {
+    // Exactly-once: a failed record fails its Kafka transaction, which is
+    // aborted; the message is settled here (its PostgreSQL transaction stays
+    // held until the abort abandons it). A refusal for good is remembered:
+    // when the slot sends the row again, it goes to the dead-letter topic.
+    {
+      std::lock_guard lock(refused_uuids_mu_);
+      if (d.error->code == ErrorCode::kPoison && options_.on_poison == OnPoison::kDeadLetter) {
+        for (const auto& [name, value] : d.headers) {
+          if (name == outbox::kUuidHeader) refused_uuids_.insert(std::string(value));
+        }
+      }
+      if (must_abort_reason_.empty()) must_abort_reason_ = d.error->message;
+    }
+    if (d.error->code == ErrorCode::kPoison && options_.on_poison == OnPoison::kHalt) {
+      if (tx != nullptr) tracker_->OnFailed(tx, d.error->message);
+      return;
+    }
+    must_abort_.store(true, std::memory_order_release);
+    if (tx != nullptr) tracker_->OnDelivered(tx);
+    tracker_->Wake();
+    return;
+  }
+  if (tx == nullptr) {
+    // The progress record (exactly-once): it commits with its transaction.
+    if (d.error) {
+      if (!tracker_->failure()) spdlog::error("{}", d.error->message);
+      must_abort_.store(true, std::memory_order_release);
+    }
+    return;
+  }
   metrics_->ObservePublish(d.topic, d.event_type, static_cast<double>(d.latency.count()) / 1e6,
                            !d.error);
   if (!d.error) {
@@ -234,6 +305,206 @@ Status Publisher::DeadLetterRefused(KeepAlive* keep) {
       return st;
     }
     tracker_->OnDelivered(r.tx);  // the refused original is settled by its dead letter
+  }
+  return Ok();
+}
+
+void Publisher::EnableTransactions(TransactionOptions options, kafka::KafkaProducer* producer,
+                                   KafkaProgress committed) {
+  txn_ = std::move(options);
+  producer_ = producer;
+  committed_ = std::move(committed);
+  pending_ = committed_;
+}
+
+void Publisher::SetBackfill(std::optional<std::string> snapshot) {
+  backfill_snapshot_ = std::move(snapshot);
+  if (!backfill_snapshot_) pending_.backfill.reset();  // later records leave it out
+}
+
+void Publisher::NotePgCommit(tracking::Transaction* tx) {
+  if (txn_ && tx->final_lsn != kInvalidLsn && pending_.final_lsn == tx->final_lsn) {
+    pending_.rows = tx->rows_seen;
+    pending_.complete = true;
+  }
+}
+
+Status Publisher::JoinTransaction(tracking::Transaction* tx) {
+  if (state_ != TxnState::kIdle) {
+    return Fail(ErrorCode::kFatal, "internal: a row produced while a Kafka transaction ends");
+  }
+  if (!txn_open_) {
+    if (auto st = producer_->BeginTransaction(); !st) return st;
+    txn_open_ = true;
+    txn_rows_ = 0;
+    txn_started_ = std::chrono::steady_clock::now();
+  }
+  if (txn_members_.empty() || txn_members_.back() != tx) {
+    tracker_->Hold(tx);
+    txn_members_.push_back(tx);
+  }
+  return Ok();
+}
+
+Status Publisher::Tick(bool force) {
+  if (!txn_) return Ok();
+  if (state_ != TxnState::kIdle) {
+    if (!worker_done_.load(std::memory_order_acquire)) return Ok();
+    return FinishWorker();
+  }
+  if (must_abort_.load(std::memory_order_acquire)) {
+    std::string reason;
+    {
+      std::lock_guard lock(refused_uuids_mu_);
+      reason = std::exchange(must_abort_reason_, "");
+    }
+    StartAbort(reason.empty() ? "a record failed" : reason);
+    return Ok();
+  }
+  if (!txn_open_) return Ok();
+  auto now = std::chrono::steady_clock::now();
+  if (force || txn_rows_ >= txn_->max_rows || now - txn_started_ >= txn_->interval) {
+    return StartCommit();
+  }
+  return Ok();
+}
+
+Status Publisher::StartCommit() {
+  // The progress record goes into the same Kafka transaction: it commits, or
+  // aborts, with the rows it describes.
+  progress_value_ = EncodeProgress(pending_, txn_->key);
+  outbox::KafkaRecord record;
+  record.topic = txn_->progress_topic;
+  record.key = txn_->key;
+  record.value = progress_value_;
+  if (auto st = Offer(record, nullptr, nullptr); !st) {
+    if (st.error().code == ErrorCode::kAborted || st.error().code == ErrorCode::kPoison) {
+      StartAbort(st.error().message);
+      return Ok();
+    }
+    return st;
+  }
+  state_ = TxnState::kCommitting;
+  commit_started_ = std::chrono::steady_clock::now();
+  worker_done_.store(false);
+  const std::atomic<bool>* stop = &stop_->flag();
+  auto grace = options_.stop_grace;
+  worker_ = std::thread([this, stop, grace] {
+    // Resumable: on a timeout the commit goes on in the background and the
+    // call picks it up again; a stop request gives up after the stop grace.
+    auto stop_seen = std::chrono::steady_clock::time_point{};
+    Status st;
+    while (true) {
+      st = producer_->CommitTransaction(std::chrono::milliseconds(1000));
+      if (st || st.error().code != ErrorCode::kTransient) break;
+      if (stop->load()) {
+        auto now = std::chrono::steady_clock::now();
+        if (stop_seen == std::chrono::steady_clock::time_point{}) stop_seen = now;
+        if (now - stop_seen >= grace) {
+          st = Fail(ErrorCode::kCancelled, "stopping while Kafka does not commit: {}",
+                    st.error().message);
+          break;
+        }
+      }
+    }
+    worker_result_ = st;
+    worker_done_.store(true, std::memory_order_release);
+    tracker_->Wake();
+  });
+  return Ok();
+}
+
+void Publisher::StartAbort(std::string reason) {
+  spdlog::warn("aborting the Kafka transaction ({} rows, {} PostgreSQL transactions): {}",
+               txn_rows_, txn_members_.size(), reason);
+  abort_reason_ = std::move(reason);
+  state_ = TxnState::kAborting;
+  worker_done_.store(false);
+  if (!txn_open_) {  // nothing began: nothing to abort
+    worker_result_ = Ok();
+    worker_done_.store(true);
+    return;
+  }
+  worker_ = std::thread([this] {
+    Status st;
+    for (int attempt = 0; attempt < 30; ++attempt) {
+      st = producer_->AbortTransaction(std::chrono::milliseconds(1000));
+      if (st || st.error().code != ErrorCode::kTransient) break;
+    }
+    worker_result_ = st;
+    worker_done_.store(true, std::memory_order_release);
+    tracker_->Wake();
+  });
+}
+
+Status Publisher::FinishWorker() {
+  if (worker_.joinable()) worker_.join();
+  Status result = worker_result_;
+  TxnState state = std::exchange(state_, TxnState::kIdle);
+  if (state == TxnState::kCommitting) {
+    if (result) {
+      metrics_->kafka_transactions_committed().Increment();
+      metrics_->kafka_transaction_commit().Observe(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - commit_started_)
+              .count());
+      committed_ = pending_;
+      txn_open_ = false;
+      for (tracking::Transaction* tx : std::exchange(txn_members_, {})) tracker_->ReleaseHold(tx);
+      return Ok();
+    }
+    if (result.error().code == ErrorCode::kAborted) {
+      StartAbort(result.error().message);
+      return Ok();
+    }
+    return result;  // kFatal (fenced), kCancelled
+  }
+  // An abort: what the Kafka transaction held is sent again by the slot.
+  metrics_->kafka_transactions_aborted().Increment();
+  txn_open_ = false;
+  must_abort_.store(false);
+  pending_ = committed_;
+  for (tracking::Transaction* tx : std::exchange(txn_members_, {})) tracker_->AbandonHeld(tx);
+  if (!result) return result;
+  return Fail(ErrorCode::kAborted, "Kafka transaction aborted ({}); sending its rows again",
+              abort_reason_);
+}
+
+Status Publisher::AbortTransaction(std::chrono::milliseconds timeout) {
+  if (!txn_) return Ok();
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  if (state_ == TxnState::kIdle && txn_open_) StartAbort("the session ended");
+  while (state_ != TxnState::kIdle) {
+    if (worker_done_.load(std::memory_order_acquire)) {
+      auto st = FinishWorker();
+      if (!st && st.error().code != ErrorCode::kAborted) return st;
+      continue;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return Fail(ErrorCode::kTransient, "the Kafka transaction did not end within {} ms",
+                  timeout.count());
+    }
+    tracker_->WaitForProgress(milliseconds(5));
+  }
+  return Ok();
+}
+
+Status Publisher::FinishTransaction(std::chrono::milliseconds timeout, KeepAlive* keep) {
+  if (!txn_) return Ok();
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  if (state_ == TxnState::kIdle && txn_open_) {
+    if (auto st = Tick(/*force=*/true); !st) return st;
+  }
+  while (state_ != TxnState::kIdle) {
+    if (worker_done_.load(std::memory_order_acquire)) {
+      if (auto st = FinishWorker(); !st) return st;
+      continue;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return Fail(ErrorCode::kTransient, "the Kafka transaction did not end within {} ms",
+                  timeout.count());
+    }
+    if (keep != nullptr) (void)keep->Touch();
+    tracker_->WaitForProgress(milliseconds(5));
   }
   return Ok();
 }

@@ -191,6 +191,10 @@ Status SlotSetup::Run() {
   auto snapshot = pg::ReadState(*conn, options_.slot, kSnapshotKey);
   if (!snapshot) return std::unexpected(snapshot.error());
   if (snapshot->has_value()) {
+    if (options_.before_backfill) {
+      if (auto st = options_.before_backfill(); !st) return st;
+    }
+    publisher_->SetBackfill(**snapshot);
     if (auto st = options_.backfill_rows ? options_.backfill_rows(*conn, **snapshot)
                                          : Backfill(*conn, **snapshot);
         !st) {
@@ -198,6 +202,7 @@ Status SlotSetup::Run() {
     }
     if (stop_->requested()) return Ok();  // resumes from the stored snapshot next time
     if (auto st = pg::DeleteState(*conn, options_.slot, kSnapshotKey); !st) return st;
+    publisher_->SetBackfill(std::nullopt);
   }
   return Ok();
 }
@@ -247,17 +252,22 @@ Status SlotSetup::Backfill(pg::Connection& conn, const std::string& snapshot) {
         tx_id = row_tx;
         ++transactions;
       }
-      while (tracker_->rows_in_flight() >= options_.max_in_flight && !tracker_->failure() &&
-             !stop_->requested()) {
+      while (
+          (tracker_->rows_in_flight() >= options_.max_in_flight || publisher_->Backpressured()) &&
+          !tracker_->failure() && !stop_->requested()) {
         stats_->Beat();
-        if (auto st = publisher_->DeadLetterRefused(nullptr); !st) {
+        Status st = publisher_->DeadLetterRefused(nullptr);
+        if (st) st = publisher_->Tick();  // exactly-once: a commit in progress ends
+        if (!st) {
           tracker_->Commit(tx, kInvalidLsn);  // what it produced is exact (marked by key)
           return st;
         }
         tracker_->WaitForProgress(std::chrono::milliseconds(2));
       }
       if (stop_->requested()) break;  // resumes from the stored snapshot next time
-      if (auto st = publisher_->MapAndProduce(*columns, tuple, tx, nullptr); !st) {
+      Status produced = publisher_->MapAndProduce(*columns, tuple, tx, nullptr);
+      if (produced) produced = publisher_->Tick();  // exactly-once: commit when due
+      if (auto st = produced; !st) {
         // The rows produced so far are marked (by key) once Kafka has them;
         // the rest comes again from the stored snapshot.
         tracker_->Commit(tx, kInvalidLsn);
@@ -270,6 +280,10 @@ Status SlotSetup::Backfill(pg::Connection& conn, const std::string& snapshot) {
     params[1] = std::string(*pg::GetValue(r, n - 1, columns->transaction_id));
     params[2] = std::string(*pg::GetValue(r, n - 1, columns->offset));
     if (n < options_.backfill_batch) break;
+  }
+  // Exactly-once: the last rows' Kafka transaction commits now.
+  if (auto st = publisher_->FinishTransaction(std::chrono::milliseconds(60000), nullptr); !st) {
+    return st;
   }
   // Everything published and marked before the stream starts: the backfilled
   // rows committed before anything the slot will send.

@@ -60,6 +60,7 @@ Status StreamSession::Run() {
       return Fail(ErrorCode::kTransient, "the stream ends between transactions, as asked");
     }
     if (auto st = publisher_->DeadLetterRefused(this); !st) return st;
+    if (auto st = publisher_->Tick(); !st) return st;  // exactly-once: commit when due
     stats_->kafka_reachable.store(publisher_->Reachable(), std::memory_order_relaxed);
     if (auto st = SendStatus(false); !st) return st;
     LogProgress();
@@ -141,7 +142,8 @@ Status StreamSession::HandleXLogData(std::string_view data) {
     if (open_tx_ == nullptr) {
       return Fail(ErrorCode::kProtocol, "pgoutput: Commit at {} without Begin", c->commit_lsn);
     }
-    if (open_tx_->rows > 0) {  // 14 also sends the transactions that published nothing
+    publisher_->NotePgCommit(open_tx_);
+    if (open_tx_->rows_seen > 0) {  // 14 also sends the transactions that published nothing
       stats_->transactions.fetch_add(1, std::memory_order_relaxed);
       stats_->last_commit_unix_micros.store(c->commit_time.ToUnixMicros(),
                                             std::memory_order_relaxed);

@@ -87,6 +87,15 @@ void AckTracker::Abandon(Transaction* tx) {
   Release(tx, 1);
 }
 
+void AckTracker::Hold(Transaction* tx) { tx->pending.fetch_add(1, std::memory_order_relaxed); }
+
+void AckTracker::ReleaseHold(Transaction* tx) { Release(tx, 1); }
+
+void AckTracker::AbandonHeld(Transaction* tx) {
+  tx->abandoned = true;
+  Release(tx, 1);
+}
+
 void AckTracker::OnDelivered(Transaction* tx) {
   tx->unreported.fetch_sub(1, std::memory_order_relaxed);
   rows_in_flight_.fetch_sub(1, std::memory_order_relaxed);
@@ -120,12 +129,13 @@ void AckTracker::Complete(Transaction* tx) {
   std::lock_guard lock(mu_);
   tx->delivered = true;
 
-  if (tx->abandoned || !marking_ || tx->rows == 0) {
+  if (tx->abandoned || !marking_ || tx->row_ranges.empty()) {
     // Nothing to mark: abandoned rows come again with the re-sent
     // transaction; a transaction without outbox rows (another table's, or an
     // empty one that PostgreSQL 14 still sends) has no row and needs no entry
     // in the commit index — whose own INSERT would come back as one more such
-    // transaction, for ever.
+    // transaction, for ever. (Rows Kafka already had, not produced again in
+    // exactly-once mode, are noted, and marked.)
     tx->marked = true;
   } else {
     to_mark_.push_back(tx);

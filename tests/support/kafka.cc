@@ -36,7 +36,7 @@ void Set(rd_kafka_conf_t* conf, const char* key, const std::string& value) {
   }
 }
 
-RkHandle MakeClient(const std::string& brokers, rd_kafka_type_t type) {
+RkHandle MakeClient(const std::string& brokers, rd_kafka_type_t type, bool read_committed = false) {
   static std::atomic<int> counter{0};
   rd_kafka_conf_t* conf = rd_kafka_conf_new();
   try {
@@ -49,7 +49,8 @@ RkHandle MakeClient(const std::string& brokers, rd_kafka_type_t type) {
       Set(conf, "enable.auto.commit", "false");
       Set(conf, "enable.auto.offset.store", "false");
       Set(conf, "auto.offset.reset", "earliest");
-      Set(conf, "enable.partition.eof", "false");
+      Set(conf, "enable.partition.eof", read_committed ? "true" : "false");
+      Set(conf, "isolation.level", read_committed ? "read_committed" : "read_uncommitted");
       Set(conf, "allow.auto.create.topics", "false");
       Set(conf, "fetch.wait.max.ms", "100");
     }
@@ -115,13 +116,14 @@ std::optional<int> KafkaReader::PartitionCount(const std::string& topic) {
 
 std::vector<KafkaRecord> KafkaReader::Read(const std::vector<std::string>& topics,
                                            const std::string& prefix, const ReadOptions& options) {
-  RkHandle rk = MakeClient(brokers_, RD_KAFKA_CONSUMER);
+  RkHandle rk = MakeClient(brokers_, RD_KAFKA_CONSUMER, options.read_committed);
   rd_kafka_poll_set_consumer(rk.get());
   std::set<std::string> wanted(topics.begin(), topics.end());
 
   using Tp = std::pair<std::string, int32_t>;
   std::map<Tp, int64_t> next;  // partition -> next offset to read (low watermark at first)
   std::map<Tp, int64_t> high;  // last seen high watermarks
+  std::set<Tp> at_end;         // read_committed: partitions the consumer reported at their end
   std::vector<KafkaRecord> records;
 
   auto start = Clock::now();
@@ -161,11 +163,14 @@ std::vector<KafkaRecord> KafkaReader::Read(const std::vector<std::string>& topic
     std::unique_ptr<rd_kafka_message_t, decltype(&rd_kafka_message_destroy)> guard(
         m, &rd_kafka_message_destroy);
     if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR) {
-      if (m->err != RD_KAFKA_RESP_ERR__PARTITION_EOF) {
+      if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
+        at_end.insert(Tp{rd_kafka_topic_name(m->rkt), m->partition});
+      } else {
         std::fprintf(stderr, "[kafka reader] %s\n", rd_kafka_message_errstr(m));
       }
       return;
     }
+    at_end.erase(Tp{rd_kafka_topic_name(m->rkt), m->partition});
     KafkaRecord r;
     r.topic = rd_kafka_topic_name(m->rkt);
     r.partition = m->partition;
@@ -204,6 +209,10 @@ std::vector<KafkaRecord> KafkaReader::Read(const std::vector<std::string>& topic
     }
     for (const auto& [tp, pos] : next) {
       int64_t lo = 0, hi = 0;
+      if (options.read_committed) {
+        if (!at_end.contains(tp)) return false;
+        continue;
+      }
       if (rd_kafka_get_watermark_offsets(rk.get(), tp.first.c_str(), tp.second, &lo, &hi) ==
               RD_KAFKA_RESP_ERR_NO_ERROR &&
           hi >= 0 && pos < hi) {
@@ -219,7 +228,7 @@ std::vector<KafkaRecord> KafkaReader::Read(const std::vector<std::string>& topic
       auto it = high.find(tp);
       if (it == high.end() || it->second != hi) *moved = true;
       high[tp] = hi;
-      if (pos < hi) return false;
+      if (!options.read_committed && pos < hi) return false;
     }
     return true;
   };

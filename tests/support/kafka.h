@@ -40,6 +40,11 @@ struct ReadOptions {
   std::chrono::milliseconds stable_for{2000};
   // Give up (returning what was read) after this long.
   std::chrono::milliseconds timeout{60000};
+  // isolation.level=read_committed: only records of committed transactions
+  // (what exactly-once delivery promises a consumer). A partition then counts
+  // as read once the consumer reports its end (the commit markers are never
+  // returned, so offsets do not reach the high watermark).
+  bool read_committed = false;
 };
 
 class KafkaReader {

@@ -24,6 +24,11 @@ class App;
 
 namespace outbox_relay::app {
 
+enum class DeliveryMode {
+  kAtLeastOnce,  // the idempotent producer; duplicates after a crash, bounded by what was in flight
+  kExactlyOnce,  // Kafka transactions with the progress inside them: no duplicates
+};
+
 enum class SinkKind {
   kKafka,
   kNull,  // every record is "delivered" at once: benchmarks of everything but Kafka
@@ -63,10 +68,16 @@ struct RelayConfig {
   std::string acked_column = "offset_acked";
   std::string created_at_column = "created_at";  // "" = no outbox_forwarder_lag_seconds
   bool mark = true;
-  std::vector<std::string> kafka_properties;  // "key=value"
-  std::string sink_flag = "kafka";            // --sink: kafka | null (benchmarks)
-  int64_t max_in_flight = 20000;              // rows produced but not yet acknowledged
-  int64_t marker_batch = 2000;                // transactions per marking statement
+  std::vector<std::string> kafka_properties;    // "key=value"
+  std::string sink_flag = "kafka";              // --sink: kafka | null (benchmarks)
+  std::string delivery_flag = "at-least-once";  // --delivery: at-least-once | exactly-once
+  std::string transactional_id;                 // "" = derived (system id, database, slot)
+  std::string progress_topic = "outbox-relay.progress";
+  int64_t txn_interval_ms = 20;
+  int64_t txn_max_rows = 10000;
+  int64_t transaction_timeout_ms = 60000;
+  int64_t max_in_flight = 20000;  // rows produced but not yet acknowledged
+  int64_t marker_batch = 2000;    // transactions per marking statement
   int64_t status_interval_ms = 1000;
   int64_t shutdown_timeout_ms = 25000;
   std::string on_poison_flag = "dlq";  // --on-poison: dlq | halt
@@ -109,6 +120,7 @@ struct RelayConfig {
   // Filled by Validate():
   pg::QualifiedName table_name;
   SinkKind sink = SinkKind::kKafka;
+  DeliveryMode delivery = DeliveryMode::kAtLeastOnce;
   pipeline::OnPoison on_poison = pipeline::OnPoison::kDeadLetter;
   pipeline::OnSlotLost on_slot_lost = pipeline::OnSlotLost::kReconcile;
   std::vector<std::pair<std::string, std::string>> kafka_property_pairs;

@@ -69,6 +69,19 @@ class Relay {
   // timeline than the last stream), start from the new primary's copy of the
   // slot, never from a position confirmed on the old one (relay_failover.cc).
   Status FollowPromotion(pg::Connection& replication_conn);
+  // The sink: the Kafka producer (transactional for exactly-once), or the null sink.
+  Result<std::unique_ptr<kafka::Sink>> MakeRelaySink();
+  // Exactly-once: the transactional.id (--transactional-id, or derived).
+  Result<std::string> TransactionalId();
+  // Exactly-once: fences earlier producers, makes sure of the progress topic
+  // and reads what Kafka already holds.
+  Status PrepareTransactions(kafka::KafkaProducer* producer);
+  // PrepareTransactions once per producer, when this instance owns the slot
+  // (before its backfill or its stream): a standby must not fence the active one.
+  Status EnsureTransactions();
+  // Exactly-once: a topic needs smaller batches than the producer makes: a
+  // new producer (a transaction is one producer's).
+  Status RecreateSinkIfNeeded();
   // Waits (bounded) for what is in flight, dead-lettering refused records.
   void Drain(std::chrono::milliseconds bound);
   // A new sink (Kafka producer) for the publisher; waits up to 10 s for a
@@ -101,6 +114,11 @@ class Relay {
   std::unique_ptr<marker::Marker> marker_;
   std::unique_ptr<pipeline::Publisher> publisher_;
   std::unique_ptr<pipeline::SlotSetup> slot_setup_;
+  // Exactly-once: the producer's transactional.id, and the batch.size a
+  // topic's max.message.bytes asked for (0: the default).
+  std::string transactional_id_;
+  bool transactions_ready_ = false;  // PrepareTransactions done for the attached producer
+  int64_t required_batch_size_ = 0;
   // --table-mode=watermill: the consumer group's positions (marker thread)
   // and the tables, their backfill and their joining.
   std::unique_ptr<marker::WatermillProgress> watermill_progress_;

@@ -4,7 +4,9 @@
 //         confirmed_flush_lsn, restart_lsn, the WAL it retains, wal_status,
 //         safe_wal_size; on 16+ conflicting; on 17+ invalidation_reason,
 //         inactive_since, failover, synced), the relay's rows in outbox_relay.state for it and a
-//         summary of its commit-LSN index (what `replay` can reach).
+//         summary of its commit-LSN index (what `replay` can reach); with
+//         --kafka-brokers also the exactly-once progress Kafka holds
+//         (--progress-topic, key --transactional-id or the derived one).
 //         --output text|json. A missing slot is reported (exists: false), exit 0.
 // drop    Drops the slot, only with --confirm and only while no walsender
 //         holds it (an active slot is refused with the holder's PID). Without
@@ -23,6 +25,7 @@
 #include "outbox_relay/core/result.h"
 #include "outbox_relay/pg/connection.h"
 #include "outbox_relay/pg/relay_schema.h"
+#include "outbox_relay/pipeline/kafka_progress.h"
 
 namespace CLI {
 class App;
@@ -38,6 +41,11 @@ struct SlotCommandConfig {
   std::string slot = "outbox_relay";
   std::string output = "text";  // text | json (status)
   bool confirm = false;         // drop
+  // status: the exactly-once progress in Kafka (read when brokers are given;
+  // TLS/SASL from OUTBOX_KAFKA_PROPERTIES as `run` reads them).
+  std::string kafka_brokers;
+  std::string progress_topic = "outbox-relay.progress";
+  std::string transactional_id;  // "" = derived as `run` derives it
   LogConfig log;
 };
 
@@ -79,6 +87,14 @@ struct SlotReport {
   int64_t indexed_transactions = 0;  // outbox_relay.commits rows of the slot
   std::optional<std::string> first_commit_lsn, last_commit_lsn;
   std::optional<std::string> first_commit_time, last_commit_time;
+
+  // The exactly-once progress (only when asked for with --kafka-brokers).
+  struct KafkaSide {
+    std::string topic, key;
+    std::optional<pipeline::KafkaProgress> progress;  // nullopt: nothing committed
+    std::string error;                                // why it could not be read
+  };
+  std::optional<KafkaSide> kafka;
 
   const SlotStateRow* FindState(std::string_view key) const;
 };

@@ -25,6 +25,7 @@ enum class ErrorCode {
   kSlotLost,         // the replication slot is missing or invalidated
   kPermission,       // the database refused for lack of a privilege
   kCancelled,        // given up because the process was asked to stop (not a failure)
+  kAborted,          // the Kafka transaction was aborted: what it held is sent again
   kFatal,            // a state the process must not continue from
 };
 
@@ -40,6 +41,7 @@ inline Disposition DispositionOf(const Error& e) {
   switch (e.code) {
     case ErrorCode::kTransient:
     case ErrorCode::kSlotInUse:
+    case ErrorCode::kAborted:
       return Disposition::kRetry;
     case ErrorCode::kPoison:
       return Disposition::kDeadLetter;

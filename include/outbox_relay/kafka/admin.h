@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -29,12 +30,19 @@ using AdminOptionsHandle = CHandle<rd_kafka_AdminOptions_t, rd_kafka_AdminOption
 using NewTopicHandle = CHandle<rd_kafka_NewTopic_t, rd_kafka_NewTopic_destroy>;
 using ConfigResourceHandle = CHandle<rd_kafka_ConfigResource_t, rd_kafka_ConfigResource_destroy>;
 using MetadataHandle = CHandle<const rd_kafka_metadata_t, rd_kafka_metadata_destroy>;
+using ErrorHandle = CHandle<rd_kafka_error_t, rd_kafka_error_destroy>;
 
 // Creates topic `name`. Ok when it was created or already existed;
 // kTransient when the brokers did not answer in time; otherwise the broker's
 // reason (kInvalidArgument, kPermission).
 Status CreateTopic(rd_kafka_t* rk, const std::string& name, int partitions, int replication_factor,
-                   std::chrono::milliseconds timeout, const std::atomic<bool>* cancel = nullptr);
+                   std::chrono::milliseconds timeout, const std::atomic<bool>* cancel = nullptr,
+                   const std::map<std::string, std::string>& configs = {});
+
+// A topic's configuration values (DescribeConfigs); nullopt when the topic
+// does not exist. Errors as TopicMaxMessageBytes.
+Result<std::optional<std::map<std::string, std::string>>> TopicConfig(
+    rd_kafka_t* rk, const std::string& name, std::chrono::milliseconds timeout);
 
 // The topic's effective max.message.bytes: the largest record batch the
 // broker accepts for it. nullopt when the topic does not exist (yet).

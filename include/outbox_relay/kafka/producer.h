@@ -57,6 +57,13 @@ struct ProducerOptions {
   // wait for the brokers before its records go out with the default batch
   // size anyway.
   std::chrono::milliseconds admin_timeout{10000};
+  // Transactional mode (exactly-once): the producer's transactional.id. One
+  // librdkafka instance then (no lanes: a transaction is one producer's);
+  // a topic whose limit is below batch.size makes Produce fail with
+  // RequiredBatchSize() set: start again with that batch_size.
+  std::string transactional_id;
+  std::chrono::milliseconds transaction_timeout{60000};
+  int64_t batch_size = 0;  // 0: the properties' batch.size, else librdkafka's default
 };
 
 // Our defaults, then the user's properties. kInvalidArgument names a
@@ -88,13 +95,26 @@ class KafkaProducer final : public Sink {
   // (e.g. an out-of-order sequence) would.
   void InjectFatalErrorForTest();
 
+  // --- transactional mode -----------------------------------------------
+  // Errors: kTransient (retriable: call again, a commit or abort resumes),
+  // kAborted (the transaction must be aborted), kFatal (the producer is
+  // done; fenced: another instance took the transactional.id over).
+  bool transactional() const { return !options_.transactional_id.empty(); }
+  // Fences earlier producers with the same transactional.id and completes
+  // (aborts) what they left open.
+  Status InitTransactions(std::chrono::milliseconds timeout);
+  Status BeginTransaction();
+  Status CommitTransaction(std::chrono::milliseconds timeout);
+  Status AbortTransaction(std::chrono::milliseconds timeout);
+  // Set when a topic needs smaller batches than this producer makes.
+  std::optional<int64_t> RequiredBatchSize() const;
+
  private:
   struct Lane;
   struct TopicState;
 
   KafkaProducer() = default;
-  static void OnDeliveryReport(rd_kafka_t* rk, const rd_kafka_message_t* msg, void* opaque);
-  static void OnError(rd_kafka_t* rk, int err, const char* reason, void* opaque);
+  void OnError(Lane& lane, rd_kafka_resp_err_t code, const char* reason);
   static void OnLog(const rd_kafka_t* rk, int level, const char* fac, const char* buf);
   // A lane with this batch.size (created on first use); nullptr on failure.
   Result<Lane*> LaneWithBatchSize(int64_t batch_size);
@@ -121,12 +141,9 @@ class KafkaProducer final : public Sink {
 
   std::atomic<bool> stop_{false};
   std::atomic<bool> brokers_down_{false};
+  std::atomic<int64_t> required_batch_size_{0};  // transactional: 0 = none
   mutable std::mutex credentials_mu_;
   std::string credentials_error_;  // guarded by credentials_mu_
-  // Callers of Flush waiting: the pollers flush (linger ignored) instead of
-  // polling. Only a lane's poller may serve its delivery reports: rd_kafka_flush
-  // on another thread would run them there too, concurrently.
-  std::atomic<int> flush_waiters_{0};
 };
 
 }  // namespace outbox_relay::kafka

@@ -63,6 +63,11 @@ class Metrics {
   prometheus::Counter& reconnects() { return *reconnects_; }
   prometheus::Counter& slot_lost() { return *slot_lost_; }
   prometheus::Counter& backfilled() { return *backfilled_; }
+  // Exactly-once delivery.
+  prometheus::Counter& kafka_transactions_committed() { return *kafka_txns_committed_; }
+  prometheus::Counter& kafka_transactions_aborted() { return *kafka_txns_aborted_; }
+  prometheus::Histogram& kafka_transaction_commit() { return *kafka_txn_commit_; }
+  prometheus::Counter& rows_already_in_kafka() { return *skipped_; }
   prometheus::Counter& pipeline_restarts() { return *pipeline_restarts_; }
 
  private:
@@ -78,6 +83,8 @@ class Metrics {
   prometheus::Gauge *slot_retained_bytes_, *slot_confirmed_lsn_, *slot_active_, *in_flight_;
   prometheus::Gauge *heartbeat_, *standby_, *streaming_, *last_commit_time_;
   prometheus::Counter *transactions_, *reconnects_, *slot_lost_, *backfilled_;
+  prometheus::Counter *kafka_txns_committed_, *kafka_txns_aborted_, *skipped_;
+  prometheus::Histogram* kafka_txn_commit_;
   prometheus::Counter* pipeline_restarts_;
 
   // (topic, event_type) -> counter / (topic, result) -> histogram.

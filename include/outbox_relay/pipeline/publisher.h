@@ -26,17 +26,22 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "outbox_relay/core/result.h"
+#include "outbox_relay/kafka/producer.h"
 #include "outbox_relay/kafka/sink.h"
 #include "outbox_relay/metrics/metrics.h"
 #include "outbox_relay/outbox/dead_letter.h"
 #include "outbox_relay/outbox/record.h"
+#include "outbox_relay/pipeline/kafka_progress.h"
 #include "outbox_relay/pipeline/stats.h"
 #include "outbox_relay/pipeline/stop.h"
 #include "outbox_relay/tracking/ack_tracker.h"
@@ -61,6 +66,24 @@ struct PublisherOptions {
   std::chrono::milliseconds stop_grace{12500};  // waits give up this long after a stop
 };
 
+// Exactly-once delivery (--delivery=exactly-once): the sink is a
+// transactional producer; consecutive PostgreSQL transactions go into one
+// Kafka transaction together with a progress record (KafkaProgress, in
+// `progress_topic` under `key`), committed every `interval` or `max_rows`.
+// A PostgreSQL transaction of the open Kafka transaction is held (tracker
+// Hold) until that commits; if it aborts, the transaction is abandoned and
+// the session ends (kAborted): the slot sends it again, and what Kafka already
+// has (at or before the committed progress) is marked but not produced again.
+struct TransactionOptions {
+  std::string progress_topic = "outbox-relay.progress";
+  std::string key;  // the relay's identity: its transactional.id
+  std::chrono::milliseconds interval{20};
+  int64_t max_rows = 10000;
+  // Failpoint: false produces again what Kafka already has (the harness proves
+  // it would see the duplicates).
+  bool skip_committed = true;
+};
+
 // Called while the publisher waits, to keep the walsender content.
 class KeepAlive {
  public:
@@ -73,7 +96,7 @@ class Publisher {
   static Result<std::unique_ptr<Publisher>> Create(PublisherOptions options,
                                                    tracking::AckTracker* tracker, RelayStats* stats,
                                                    metrics::Metrics* metrics, StopSignal* stop);
-  ~Publisher();
+  ~Publisher();  // joins a commit or abort in progress
   Publisher(const Publisher&) = delete;
   Publisher& operator=(const Publisher&) = delete;
 
@@ -83,6 +106,7 @@ class Publisher {
   kafka::DeliveryCallback DeliveryCallback();
   void CloseSink();
   bool has_sink() const { return sink_ != nullptr; }
+  kafka::Sink* sink() const { return sink_.get(); }
 
   // Maps one row of `tx` and produces its record, or its dead letter. An
   // error stops the stream: kFatal (halt on poison, a broken sink, a row
@@ -103,6 +127,28 @@ class Publisher {
 
   // TEST ONLY (failpoint): the producer fails fatally after `n` records.
   void InjectFatalAfter(uint64_t n, std::function<void()> inject);
+
+  // --- exactly-once (loop thread) -------------------------------------------
+  // `producer` is the attached sink, transactional and initialised;
+  // `committed` what Kafka holds (read back at start).
+  void EnableTransactions(TransactionOptions options, kafka::KafkaProducer* producer,
+                          KafkaProgress committed);
+  bool transactional() const { return txn_.has_value(); }
+  // Commits the open Kafka transaction when it is due (or `force`), and
+  // finishes a commit or an abort in progress. kAborted: the open Kafka
+  // transaction was aborted and the session must end; kFatal (fenced).
+  Status Tick(bool force = false);
+  // Commits the open Kafka transaction and waits for it, at most `timeout`
+  // (a session that ends for a reason other than an abort, shutdown).
+  Status FinishTransaction(std::chrono::milliseconds timeout, KeepAlive* keep);
+  // Aborts the open Kafka transaction (if any) and waits for it, at most
+  // `timeout`: what it held is sent again.
+  Status AbortTransaction(std::chrono::milliseconds timeout);
+  // The transaction `tx` is read to its Commit.
+  void NotePgCommit(tracking::Transaction* tx);
+  // The backfill under way (its stored snapshot), or none.
+  void SetBackfill(std::optional<std::string> snapshot);
+  const KafkaProgress& committed_progress() const { return committed_; }
 
  private:
   struct RefusedRecord {
@@ -137,6 +183,34 @@ class Publisher {
   std::mutex refused_mu_;  // the sink's threads push, the loop thread takes
   std::vector<RefusedRecord> refused_;
   std::atomic<bool> has_refused_{false};
+
+  // Exactly-once state: the loop thread's, but for `must_abort_`,
+  // `refused_uuids_` (the sink's threads write) and the worker's result.
+  enum class TxnState { kIdle, kCommitting, kAborting };
+  Status JoinTransaction(tracking::Transaction* tx);
+  Status StartCommit();
+  void StartAbort(std::string reason);
+  Status FinishWorker();
+  std::optional<TransactionOptions> txn_;
+  kafka::KafkaProducer* producer_ = nullptr;
+  KafkaProgress committed_;  // what Kafka holds, committed
+  KafkaProgress pending_;    // what it holds once the open Kafka transaction commits
+  std::optional<std::string> backfill_snapshot_;
+  bool txn_open_ = false;
+  int64_t txn_rows_ = 0;
+  std::chrono::steady_clock::time_point txn_started_;
+  std::chrono::steady_clock::time_point commit_started_;
+  std::vector<tracking::Transaction*> txn_members_;  // held until the commit
+  TxnState state_ = TxnState::kIdle;
+  std::string abort_reason_;
+  std::string progress_value_;  // the progress record being committed
+  std::thread worker_;          // runs a blocking commit or abort
+  std::atomic<bool> worker_done_{false};
+  Status worker_result_;
+  std::atomic<bool> must_abort_{false};
+  std::mutex refused_uuids_mu_;
+  std::set<std::string> refused_uuids_;  // refused by the broker in an aborted transaction
+  std::string must_abort_reason_;        // guarded by refused_uuids_mu_
 };
 
 }  // namespace outbox_relay::pipeline

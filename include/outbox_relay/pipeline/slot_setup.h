@@ -60,6 +60,10 @@ struct SlotSetupOptions {
   // When set, the backfill of the stored snapshot (watermill mode:
   // WatermillTables::Backfill) instead of the seed table's.
   std::function<Status(pg::Connection&, const std::string& snapshot)> backfill_rows;
+  // Called once the backfill is this instance's (the setup lock held), before
+  // its first row: exactly-once initialises its transactions here, not while
+  // it may still be another instance's standby.
+  std::function<Status()> before_backfill;
 };
 
 class SlotSetup {

@@ -62,6 +62,7 @@ struct Transaction {
   uint32_t xid = 0;                  // 32-bit xid from Begin
   std::vector<RowRange> row_ranges;  // primary keys of its produced rows, for marking
   uint64_t rows = 0;                 // rows produced (incl. dead letters)
+  uint64_t rows_seen = 0;            // rows received, incl. those Kafka already had (exactly-once)
   bool abandoned = false;            // stream broke before its Commit: never confirms, never marked
 
   // 1 for the open transaction (released by Commit/Abandon) + 1 per message
@@ -121,6 +122,13 @@ class AckTracker {
   void Commit(Transaction* tx, Lsn end_lsn);
   // The stream broke inside `tx`: its rows will be re-sent by the server.
   void Abandon(Transaction* tx);
+  // Exactly-once: `tx` also waits for the commit of a Kafka transaction that
+  // holds some of its rows (one hold per such Kafka transaction).
+  void Hold(Transaction* tx);
+  void ReleaseHold(Transaction* tx);
+  // That Kafka transaction was aborted: `tx` never confirms and is never
+  // marked (its rows are sent again); releases the hold.
+  void AbandonHeld(Transaction* tx);
   // Idle rule: if nothing is in flight, confirm up to the server's `wal_end`.
   // Returns true when the confirmed position moved.
   bool FollowServer(Lsn wal_end);

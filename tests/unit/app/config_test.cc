@@ -100,5 +100,46 @@ TEST(Validate, SeedModeIsTheDefaultAndUuidInMetadataIsParsed) {
   EXPECT_FALSE(Validate(c).has_value());
 }
 
+TEST(Validate, ExactlyOnceIsParsedAndItsSettingsAreCheckedByName) {
+  RelayConfig c = Minimal();
+  ASSERT_TRUE(Validate(c).has_value());
+  EXPECT_EQ(c.delivery, DeliveryMode::kAtLeastOnce);
+  c.delivery_flag = "exactly-once";
+  ASSERT_TRUE(Validate(c).has_value());
+  EXPECT_EQ(c.delivery, DeliveryMode::kExactlyOnce);
+
+  auto refused = [](RelayConfig config, const char* names) {
+    auto st = Validate(config);
+    ASSERT_FALSE(st.has_value()) << names;
+    EXPECT_EQ(st.error().code, ErrorCode::kInvalidArgument);
+    EXPECT_NE(st.error().message.find(names), std::string::npos) << st.error().message;
+  };
+  RelayConfig bad = c;
+  bad.delivery_flag = "exactly-twice";
+  refused(bad, "OUTBOX_DELIVERY");
+  bad = c;
+  bad.sink_flag = "null";
+  refused(bad, "--delivery");
+  bad = c;
+  bad.progress_topic = "";
+  refused(bad, "--progress-topic");
+  bad = c;
+  bad.txn_interval_ms = 0;
+  refused(bad, "--txn-interval-ms");
+  bad = c;
+  bad.txn_max_rows = 0;
+  refused(bad, "--txn-max-rows");
+  bad = c;
+  bad.transaction_timeout_ms = 999;
+  refused(bad, "--transaction-timeout-ms");
+  bad = c;
+  bad.txn_interval_ms = 20000;  // a quarter of the 60 s transaction timeout is the most
+  refused(bad, "--txn-interval-ms");
+  bad = c;
+  bad.watermill_flags.table_mode = "watermill";
+  bad.watermill_flags.tables = "watermill_orders";
+  refused(bad, "--table-mode=watermill");
+}
+
 }  // namespace
 }  // namespace outbox_relay::app

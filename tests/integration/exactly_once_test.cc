@@ -1,0 +1,291 @@
+// Exactly-once delivery (--delivery=exactly-once): Kafka transactions that
+// hold the relay's progress, read back at every start. Whatever happens to the
+// relay, Kafka or PostgreSQL, a consumer with isolation.level=read_committed
+// sees every committed row once: lost 0, phantom 0, order violations 0, and
+// duplicates 0 — the figure at-least-once delivery cannot promise.
+//
+// - 50 kill -9 (and SIGSTOP/SIGCONT freezes) under load, as the at-least-once
+//   crash loop does; the slot's confirmed position never steps back.
+// - Three kill -9 of the active instance with a hot standby taking over, and
+//   a frozen old instance thawed after the takeover: fenced, it publishes
+//   nothing a read_committed consumer can see and exits saying it was replaced.
+// - kill -9 inside a 200,000-row transaction (split over Kafka transactions)
+//   and in the middle of a backfill.
+// - A Kafka broker restart and PostgreSQL restart -m immediate while Kafka
+//   transactions are open.
+// - The harness can see duplicates: with the skip of what Kafka already has
+//   turned off (a test-only fault), the same crash loop finds them.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <random>
+#include <thread>
+
+#include "fixture.h"
+#include "resilience_support.h"
+#include "support/confirmed_sampler.h"
+#include "support/throwaway_kafka.h"
+#include "support/throwaway_pg.h"
+
+namespace outbox_test {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using namespace resilience;
+
+using RelayEnv = std::map<std::string, std::optional<std::string>>;
+
+TxSpec MixedTx(std::mt19937_64& rng) {
+  TxSpec tx;
+  tx.rows = 1 + static_cast<int>(rng() % 50);
+  tx.rollback = rng() % 10 == 0;
+  if (rng() % 10 == 0) tx.savepoint_rolled_back_rows = 1 + static_cast<int>(rng() % 3);
+  if (rng() % 10 == 0) tx.other_table_rows = 5;
+  return tx;
+}
+
+class ExactlyOnce : public RelayTest {
+ protected:
+  std::vector<std::string> Eos(std::vector<std::string> extra = {}) const {
+    extra.insert(extra.end(), {"--delivery", "exactly-once", "--progress-topic",
+                               topic_prefix_ + ".progress", "--shutdown-timeout-ms", "10000"});
+    return extra;
+  }
+  // What a read_committed consumer sees of this test's topics (the progress
+  // topic and the dead letters left out).
+  std::vector<KafkaRecord> Committed(std::chrono::milliseconds timeout = seconds(90)) {
+    std::vector<KafkaRecord> out;
+    for (KafkaRecord& r : ReadTopics({.timeout = timeout, .read_committed = true})) {
+      if (r.topic == topic_prefix_ + ".progress" || r.topic == topic_prefix_ + ".dlq") continue;
+      out.push_back(std::move(r));
+    }
+    return out;
+  }
+  // Prints and checks the exactly-once figures.
+  DeliveryReport Check(const Ledger& ledger, const std::string& what, size_t want_duplicates = 0) {
+    std::vector<KafkaRecord> records = Committed();
+    DeliveryReport r = CheckDelivery(ledger.committed(), ledger.rolled_back(), records);
+    fmt::print("{}: {}\n", what, r.Summary());
+    EXPECT_EQ(r.lost, 0u) << r.Samples();
+    EXPECT_EQ(r.phantom, 0u) << r.Samples();
+    EXPECT_EQ(r.order_violations, 0u) << r.Samples();
+    EXPECT_EQ(r.duplicates, want_duplicates) << r.Samples();
+    return r;
+  }
+
+  // kill -9 (and freezes) of the relay `kills` times under load; returns the
+  // ledger's report. `env` is the relays' environment.
+  void CrashLoop(int kills, const RelayEnv& env, Ledger* ledger, ConfirmedSampler* sampler) {
+    RelayProcess* relay = &StartRelay(Eos(), env);
+    ASSERT_TRUE(WaitStreaming(*relay, seconds(60))) << relay->LogTail();
+    LoadGenerator load(Workload(), ledger, 2, MixedTx, std::chrono::microseconds(3000));
+    load.Start();
+    std::mt19937_64 rng(TestSeed());
+    for (int i = 0; i < kills; ++i) {
+      bool wait_streaming = i % 3 != 2;
+      if (wait_streaming) WaitStreaming(*relay, seconds(30));
+      ASSERT_TRUE(relay->Running()) << "the relay exited by itself:\n" << relay->LogTail();
+      std::this_thread::sleep_for(wait_streaming ? milliseconds(150 + rng() % 851)
+                                                 : milliseconds(20 + rng() % 281));
+      if (i % 4 == 3) {
+        relay->Pause();
+        std::this_thread::sleep_for(milliseconds(1000 + rng() % 2001));
+        if ((i / 4) % 2 == 1) {
+          relay->Resume();
+          std::this_thread::sleep_for(milliseconds(rng() % 301));
+        }
+      }
+      if (sampler != nullptr) sampler->SampleNow();
+      relay->Kill(SIGKILL);
+      ASSERT_EQ(relay->Wait(seconds(10)), std::optional<int>(128 + SIGKILL));
+      relay = &StartRelay(Eos(), env);
+    }
+    ASSERT_EQ(load.Stop(), "") << "writer failed";
+    ASSERT_TRUE(WaitStreaming(*relay, seconds(60))) << relay->LogTail();
+    EXPECT_EQ(WaitAllAcked(seconds(120)), 0) << DescribeUnacked();
+    relay->Terminate();
+    EXPECT_EQ(relay->Wait(seconds(40)), std::optional<int>(0)) << relay->LogTail();
+  }
+
+  static uint64_t TestSeed() {
+    uint64_t seed = std::random_device{}();
+    if (const char* s = std::getenv("OUTBOX_IT_SEED")) seed = std::stoull(s);
+    fmt::print("seed {} (OUTBOX_IT_SEED)\n", seed);
+    return seed;
+  }
+};
+
+TEST_F(ExactlyOnce, CrashLoopUnderLoadPublishesEveryRowOnce) {
+  CreateTables();
+  Ledger ledger;
+  ConfirmedSampler sampler(env_.database_url, name_);
+  auto t0 = std::chrono::steady_clock::now();
+  ASSERT_NO_FATAL_FAILURE(CrashLoop(50, {}, &ledger, &sampler));
+  sampler.Stop();
+  fmt::print("crash loop: 50 kills in {:.1f} s; {} transactions; slot: {} samples, {} steps back\n",
+             SecondsSince(t0), ledger.transactions().size(), sampler.samples(),
+             sampler.backwards());
+  EXPECT_EQ(sampler.backwards(), 0u) << sampler.first_backwards();
+  Check(ledger, "exactly-once crash loop");
+  EXPECT_EQ(MisackedRows(), 0);
+}
+
+TEST_F(ExactlyOnce, HarnessSeesDuplicatesWhenTheSkipIsTurnedOff) {
+  // The same loop with the skip of what Kafka already has turned off: the
+  // rows PostgreSQL sends again after a kill are published twice. The harness
+  // must see them, or its zero above proves nothing.
+  CreateTables();
+  Ledger ledger;
+  ASSERT_NO_FATAL_FAILURE(CrashLoop(8, {{"OUTBOX_TEST_FAULT", "eos-no-skip"}}, &ledger, nullptr));
+  DeliveryReport r = CheckDelivery(ledger.committed(), ledger.rolled_back(), Committed());
+  fmt::print("skip off: {}\n", r.Summary());
+  EXPECT_EQ(r.lost, 0u) << r.Samples();
+  EXPECT_GT(r.duplicates, 0u) << "8 kills under load and not one duplicate without the skip";
+}
+
+TEST_F(ExactlyOnce, StandbyTakeoversAndAThawedZombiePublishNothingTwice) {
+  // A cluster of the test's own: a frozen instance's walsender must time out
+  // (wal_sender_timeout 5 s) for the standby to get the slot.
+  ThrowawayPostgres cluster(FreeLocalPort(56400 + static_cast<int>(getpid() % 300)),
+                            "-c wal_level=logical -c wal_sender_timeout=5s -c max_wal_senders=8 "
+                            "-c max_replication_slots=8");
+  db_ = std::make_unique<Pg>(cluster.url());
+  CreateTables();
+  RelayEnv env = {{"DATABASE_URL", cluster.url()}};
+  WorkloadOptions options = Workload();
+  options.database_url = cluster.url();
+  Ledger ledger;
+  LoadGenerator load(options, &ledger, 2, MixedTx, std::chrono::microseconds(3000));
+  RelayProcess* active = &StartRelay(Eos(), env);
+  ASSERT_TRUE(WaitStreaming(*active, seconds(60))) << active->LogTail();
+  load.Start();
+  std::vector<double> takeovers;
+  for (int i = 0; i < 3; ++i) {
+    RelayProcess& standby = StartRelay(Eos(), env);
+    ASSERT_TRUE(standby.WaitForLog("info standby:", seconds(30))) << standby.LogTail();
+    std::this_thread::sleep_for(milliseconds(1500));
+    auto killed = std::chrono::steady_clock::now();
+    active->Kill(SIGKILL);
+    active->Wait(seconds(10));
+    ASSERT_TRUE(standby.WaitForLog("taking over", seconds(60))) << standby.LogTail();
+    takeovers.push_back(SecondsSince(killed));
+    active = &standby;
+  }
+  // A zombie: the active instance frozen until the standby has taken over
+  // (its walsender timed out), then thawed. Its producer is fenced.
+  RelayProcess& standby = StartRelay(Eos(), env);
+  ASSERT_TRUE(standby.WaitForLog("info standby:", seconds(30))) << standby.LogTail();
+  active->Pause();
+  ASSERT_TRUE(standby.WaitForLog("taking over", seconds(60))) << standby.LogTail();
+  std::this_thread::sleep_for(seconds(2));  // the new instance commits Kafka transactions
+  active->Resume();
+  auto zombie_code = active->Wait(seconds(60));
+  ASSERT_EQ(load.Stop(), "");
+  EXPECT_EQ(WaitAllAcked(seconds(120)), 0) << DescribeUnacked();
+  standby.Terminate();
+  EXPECT_EQ(standby.Wait(seconds(40)), std::optional<int>(0)) << standby.LogTail();
+  fmt::print("takeovers: {:.1f} s, {:.1f} s, {:.1f} s; the thawed zombie exited {}\n", takeovers[0],
+             takeovers[1], takeovers[2], zombie_code ? std::to_string(*zombie_code) : "not at all");
+  ASSERT_TRUE(zombie_code.has_value()) << active->LogTail();
+  EXPECT_NE(*zombie_code, 0);
+  EXPECT_NE(active->Log().find("replaced"), std::string::npos) << active->LogTail();
+  Check(ledger, "standby takeovers and a zombie");
+}
+
+TEST_F(ExactlyOnce, KillInsideAHugeTransactionAndInTheBackfillPublishesEachRowOnce) {
+  CreateTables();
+  Ledger ledger;
+  {
+    // A backlog older than the slot: the backfill's.
+    Writer writer(Workload(), &ledger, -1, 501);
+    for (int i = 0; i < 300; ++i) ASSERT_TRUE(writer.Transaction({.rows = 100}));
+  }
+  RelayProcess& first = StartRelay(Eos({"--txn-max-rows", "2000"}));
+  ASSERT_TRUE(first.WaitForLog("backfill: publishing", seconds(60))) << first.LogTail();
+  // Some Kafka transactions of the backfill committed, others not yet.
+  auto until = std::chrono::steady_clock::now() + seconds(60);
+  while (UnackedRows() > 20000 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  int64_t unacked_at_kill = UnackedRows();
+  first.Kill(SIGKILL);
+  first.Wait(seconds(10));
+  EXPECT_GT(unacked_at_kill, 0) << "the backfill ended before the kill";
+  RelayProcess& second = StartRelay(Eos({"--txn-max-rows", "2000"}));
+  ASSERT_TRUE(WaitStreaming(second, seconds(120))) << second.LogTail();
+  // One 200,000-row transaction: split over Kafka transactions of 2,000 rows.
+  // Its rows are marked only once all of it is in Kafka, so Kafka's progress
+  // topic is what shows it half published: a record of it not complete.
+  auto progress_of_a_split_transaction = [&] {
+    std::vector<KafkaRecord> progress = kafka_->Read(
+        {topic_prefix_ + ".progress"}, "",
+        {.stable_for = milliseconds(20), .timeout = seconds(5), .read_committed = true});
+    if (progress.empty() || !progress.back().value) return std::string();
+    const std::string& last = *progress.back().value;
+    return last.find("\"complete\":false") != std::string::npos ? last : std::string();
+  };
+  std::thread big_writer([&] {
+    Writer writer(Workload(), &ledger, -1, 502);
+    EXPECT_TRUE(writer.Transaction({.rows = 200000}));
+  });
+  std::string split;
+  until = std::chrono::steady_clock::now() + seconds(180);
+  while ((split = progress_of_a_split_transaction()).empty() &&
+         std::chrono::steady_clock::now() < until) {
+  }
+  second.Kill(SIGKILL);
+  second.Wait(seconds(10));
+  big_writer.join();
+  ASSERT_FALSE(split.empty()) << "no Kafka transaction ever held part of the big transaction";
+  std::string last_progress = progress_of_a_split_transaction();
+  fmt::print("killed with Kafka holding part of the 200,000-row transaction: {}\n",
+             last_progress.empty() ? "(it completed before the kill)" : last_progress);
+  EXPECT_FALSE(last_progress.empty()) << "the kill came after the big transaction was in Kafka";
+  RelayProcess& third = StartRelay(Eos({"--txn-max-rows", "2000"}));
+  ASSERT_TRUE(WaitStreaming(third, seconds(120))) << third.LogTail();
+  EXPECT_EQ(WaitAllAcked(seconds(240)), 0) << DescribeUnacked() << third.LogTail();
+  third.Terminate();
+  EXPECT_EQ(third.Wait(seconds(40)), std::optional<int>(0)) << third.LogTail();
+  std::string log = first.Log();
+  fmt::print("backfill: {} of 30,000 rows unacked at the kill\n", unacked_at_kill);
+  Check(ledger, "kill in the backfill and inside a 200,000-row transaction");
+}
+
+TEST_F(ExactlyOnce, BrokerRestartAndPostgresImmediateRestartDuringOpenTransactions) {
+  ThrowawayPostgres cluster(FreeLocalPort(56700 + static_cast<int>(getpid() % 300)),
+                            "-c wal_level=logical -c wal_sender_timeout=5s -c max_wal_senders=4 "
+                            "-c max_replication_slots=4");
+  ThrowawayKafka broker;
+  kafka_ = std::make_unique<KafkaReader>(broker.brokers());
+  db_ = std::make_unique<Pg>(cluster.url());
+  CreateTables();
+  RelayEnv env = {{"DATABASE_URL", cluster.url()}, {"KAFKA_BROKERS", broker.brokers()}};
+  WorkloadOptions options = Workload();
+  options.database_url = cluster.url();
+  RelayProcess& relay = StartRelay(Eos({"--txn-interval-ms", "200"}), env);
+  ASSERT_TRUE(WaitStreaming(relay, seconds(60))) << relay.LogTail();
+  Ledger ledger;
+  {
+    ResilientLoad load(options, &ledger, 2, MixedTx, std::chrono::microseconds(3000));
+    load.Start();
+    std::this_thread::sleep_for(seconds(2));
+    broker.Stop(/*kill=*/true);  // Kafka transactions are open: they time out or abort
+    std::this_thread::sleep_for(seconds(3));
+    broker.Start();
+    std::this_thread::sleep_for(seconds(3));
+    PgCtl(cluster, "restart -m immediate");
+    std::this_thread::sleep_for(seconds(3));
+    load.Stop();
+  }
+  db_ = std::make_unique<Pg>(cluster.url());  // the test's own session died with the server
+  EXPECT_EQ(WaitAllAcked(seconds(180)), 0) << DescribeUnacked() << relay.LogTail();
+  relay.Terminate();
+  EXPECT_EQ(relay.Wait(seconds(40)), std::optional<int>(0)) << relay.LogTail();
+  EXPECT_GT(ledger.committed_count(), 0u);
+  Check(ledger, "broker restart and PostgreSQL restart -m immediate");
+  kafka_.reset();
+}
+
+}  // namespace
+}  // namespace outbox_test
