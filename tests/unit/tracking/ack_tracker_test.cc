@@ -351,5 +351,48 @@ TEST(AckTracker, DeliveredThroughIsTheFirstUndeliveredCommitOrWhatWasReceived) {
   EXPECT_EQ(t.DeliveredThrough(), Lsn(500));
 }
 
+// Exactly-once: a transaction whose rows are in an open Kafka transaction is
+// held until that commits, however long ago Kafka acknowledged its rows.
+TEST(AckTracker, HeldTransactionConfirmsOnlyOnceItsKafkaTransactionCommitted) {
+  AckTracker t(Lsn(1));
+  Transaction* a = AddTx(t, 100, 2);
+  t.Hold(a);
+  t.OnDelivered(a);
+  t.OnDelivered(a);
+  EXPECT_EQ(MarkAll(t), 0u) << "not handed to the marker while its Kafka transaction is open";
+  EXPECT_EQ(t.confirmed(), Lsn(1));
+  t.ReleaseHold(a);  // committed
+  EXPECT_EQ(MarkAll(t), 1u);
+  EXPECT_EQ(t.confirmed(), Lsn(100));
+}
+
+TEST(AckTracker, ATransactionSplitOverKafkaTransactionsWaitsForEveryOne) {
+  AckTracker t(Lsn(1));
+  Transaction* a = AddTx(t, 100, 4);
+  t.Hold(a);  // rows 0-1 in Kafka transaction 1
+  t.Hold(a);  // rows 2-3 in Kafka transaction 2
+  for (int i = 0; i < 4; ++i) t.OnDelivered(a);
+  t.ReleaseHold(a);
+  EXPECT_EQ(MarkAll(t), 0u) << "its second Kafka transaction is still open";
+  t.ReleaseHold(a);
+  EXPECT_EQ(MarkAll(t), 1u);
+  EXPECT_EQ(t.confirmed(), Lsn(100));
+}
+
+TEST(AckTracker, AbortedKafkaTransactionAbandonsItsTransactionsUnmarked) {
+  AckTracker t(Lsn(1));
+  Transaction* a = AddTx(t, 100, 1);
+  Transaction* b = AddTx(t, 200, 1);
+  t.Hold(a);
+  t.Hold(b);
+  t.OnDelivered(a);
+  t.OnDelivered(b);
+  t.ReleaseHold(a);  // a's Kafka transaction committed
+  t.AbandonHeld(b);  // b's aborted: it comes again from the slot
+  EXPECT_EQ(MarkAll(t), 1u) << "only a is marked";
+  EXPECT_EQ(t.confirmed(), Lsn(100)) << "b never confirms";
+  EXPECT_TRUE(b->abandoned);
+}
+
 }  // namespace
 }  // namespace outbox_relay::tracking
