@@ -340,7 +340,10 @@ class VisibilityConsumer:
         self.records = 0
         self.prefix = (UUID_HEADER["relay"] + "=").encode()
         errf = open(errlog, "w")
-        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errf, bufsize=0)
+        # Buffered (not bufsize=0: a raw pipe's readline reads one byte per system call, too
+        # slow for a thousand records a second); a buffered readline returns as soon as a line
+        # is in the pipe, it does not wait for the buffer to fill.
+        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errf, bufsize=1 << 16)
         errf.close()
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
