@@ -260,6 +260,12 @@ def metric_one(metrics, name):
     return vals[0][1] if vals else None
 
 
+def metric_labelled(metrics, name, **want):
+    """Sum of the samples of `name` whose labels include `want`."""
+    return sum(v for labels, v in metrics.get(name, [])
+               if all(labels.get(k) == x for k, x in want.items()))
+
+
 def histogram_buckets(metrics, name):
     """Cumulative bucket counts {le: count} summed over label sets."""
     buckets = {}
@@ -310,6 +316,73 @@ def percentile(sorted_values, q):
 
 
 # --------------------------------------------------------------------------------------------
+# Commit -> visible: a consumer that runs during the live load and stamps each record when it
+# receives it (exactly-once: records are only visible to read_committed consumers at the Kafka
+# commit, after their LogAppendTime)
+# --------------------------------------------------------------------------------------------
+
+class VisibilityConsumer:
+    """kcat -C from the beginning of one topic, unbuffered, one line (the record's headers) per
+    record; a thread stamps each line with the host clock when it arrives. fetch.wait.max.ms=10
+    bounds how long the broker holds a fetch when nothing is visible yet (it answers at once
+    when something is). isolation.level=read_committed when asked (the exactly-once relay);
+    otherwise kcat's settings are left as they are (librdkafka's default is read_committed too,
+    which changes nothing for records written outside transactions)."""
+
+    def __init__(self, brokers, topic, read_committed, errlog):
+        cmd = ["kcat", "-C", "-b", brokers, "-t", topic, "-o", "beginning", "-u", "-q",
+               "-f", "%h\n", "-X", "fetch.wait.max.ms=10"]
+        if read_committed:
+            cmd += ["-X", "isolation.level=read_committed"]
+        self.cmd = cmd
+        self.read_committed = read_committed
+        self.seen = {}  # uuid -> first receive time (unix seconds)
+        self.records = 0
+        self.prefix = (UUID_HEADER["relay"] + "=").encode()
+        errf = open(errlog, "w")
+        # Buffered (not bufsize=0: a raw pipe's readline reads one byte per system call, too
+        # slow for a thousand records a second); a buffered readline returns as soon as a line
+        # is in the pipe, it does not wait for the buffer to fill.
+        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errf, bufsize=1 << 16)
+        errf.close()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        out = self.p.stdout
+        while True:
+            line = out.readline()
+            if not line:
+                return
+            t = time.time()
+            self.records += 1
+            for h in line.rstrip(b"\n").split(b","):
+                if h.startswith(self.prefix):
+                    u = h[len(self.prefix):].decode()
+                    if u not in self.seen:
+                        self.seen[u] = t
+                    break
+
+    def wait_for(self, n, timeout):
+        deadline = time.time() + timeout
+        while len(self.seen) < n and time.time() < deadline:
+            if self.p.poll() is not None:
+                break
+            time.sleep(0.05)
+        return len(self.seen) >= n
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.terminate()
+            try:
+                self.p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+        self.thread.join(timeout=10)
+
+
+# --------------------------------------------------------------------------------------------
 # The harness
 # --------------------------------------------------------------------------------------------
 
@@ -318,15 +391,28 @@ CDF_QUANTILES = ([i / 100 for i in range(1, 100)] + [0.99 + i / 1000 for i in ra
 
 # In this order: the Watermill forwarder reads the table, so it runs before relay-kafka's
 # marking rewrites every row (autovacuum is off for the table); the WAL readers do not care.
+# relay-kafka-eos (issue 14) is relay-kafka with --delivery exactly-once, right after it so that
+# the two run as close together as possible.
 DRAIN_CONTENDERS = ["pg_recvlogical", "relay-null", "watermill", "relay-kafka",
-                    "relay-kafka-nomark", "debezium"]
+                    "relay-kafka-eos", "relay-kafka-nomark", "debezium"]
+# Drain contenders that run the relay with --delivery exactly-once.
+EOS_CONTENDERS = ("relay-kafka-eos",)
+# Live contenders: the relay at-least-once ("relay", the name earlier runs used) and exactly-once
+# ("relay-eos"); --contenders accepts either name or the drain contender's.
+LIVE_RELAYS = {"relay": "relay-kafka", "relay-eos": "relay-kafka-eos"}
 PEERS = ("watermill", "debezium")
+KNOWN_CONTENDERS = set(DRAIN_CONTENDERS) | set(LIVE_RELAYS)
 # The record header that carries the row's uuid: watermill-kafka's UUID header (the relay writes
 # the same), and the outbox event router's event id header for Debezium.
 UUID_HEADER = {"relay": "_watermill_message_uuid", "watermill": "_watermill_message_uuid",
                "debezium": "id"}
 # Issue 13's targets 1 and 4 are stated at these two live rates.
 TARGET_RATES = ("500/s", "50%")
+
+
+def is_eos(name):
+    """The relay with --delivery exactly-once (drain relay-kafka-eos, live relay-eos)."""
+    return name in EOS_CONTENDERS or name == "relay-eos"
 
 
 def contender_kind(name):
@@ -409,6 +495,26 @@ class Harness:
             "targets": {},
         }
         self.load_samples = []
+
+    # ---- which contenders run --------------------------------------------------------------
+
+    def wanted(self, name):
+        """--contenders: a drain contender by its name; a live relay by its name or its drain
+        contender's (relay = relay-kafka, relay-eos = relay-kafka-eos); a live peer by its name
+        or its peer's."""
+        only = self.args.contenders
+        if not only:
+            return True
+        return (name in only or LIVE_RELAYS.get(name) in only
+                or (contender_kind(name) in PEERS and contender_kind(name) in only))
+
+    def eos_will_run(self):
+        phases = self.args.phases.split(",")
+        drain = "drain" in phases and any(
+            c in s["contenders"] and self.wanted(c)
+            for s in self.drain_sizes() for c in EOS_CONTENDERS)
+        live = "live" in phases and self.args.eos_rates and self.wanted("relay-eos")
+        return bool(drain or live)
 
     # ---- environment -----------------------------------------------------------------------
 
@@ -539,8 +645,9 @@ END $$;
 
     # ---- Kafka -----------------------------------------------------------------------------
 
-    def create_topic(self, topic, *configs):
-        r = subprocess.run([self.admin_bin, "create", self.brokers, topic, "3", *configs],
+    def create_topic(self, topic, *configs, partitions=3):
+        r = subprocess.run([self.admin_bin, "create", self.brokers, topic, str(partitions),
+                            *configs],
                            capture_output=True, text=True, timeout=60)
         if r.returncode != 0:
             raise BenchError(f"cannot create topic {topic}: {r.stderr.strip()}")
@@ -555,6 +662,49 @@ END $$;
                            input="warm-up\n", capture_output=True, text=True, timeout=120)
         if r.returncode != 0:
             raise BenchError(f"warm-up produce failed: {r.stderr.strip()}")
+        if self.eos_will_run():
+            # The broker's first transactional producer creates the transaction state log
+            # (__transaction_state, 50 partitions): not on the exactly-once contender's clock.
+            t0 = time.time()
+            r = subprocess.run([self.admin_bin, "txn-warmup", self.brokers, topic,
+                                f"bench-warmup-{self.run_id}"],
+                               capture_output=True, text=True, timeout=180)
+            if r.returncode != 0:
+                raise BenchError(f"transactional warm-up failed: {r.stderr.strip()}")
+            log(f"transactional warm-up: {time.time() - t0:.1f} s")
+
+    def eos_flags(self, topic_base):
+        """The relay's exactly-once flags, with a progress topic of the contender's own,
+        created before the clock starts like the data topics: one partition, compacted, as the
+        relay creates it when missing."""
+        progress = f"{topic_base}.progress"
+        self.create_topic(progress, "cleanup.policy=compact", partitions=1)
+        flags = ["--delivery", "exactly-once", "--progress-topic", progress]
+        if self.args.txn_interval_ms:
+            flags += ["--txn-interval-ms", str(self.args.txn_interval_ms)]
+        return flags
+
+    def read_topic_uuids(self, topic, read_committed, path=None):
+        """{uuid: count} of the records of `topic` (the relay's uuid header), read from the
+        beginning to the end with kcat; isolation.level=read_committed when asked (an
+        exactly-once contender: aborted records are not counted). Only the data topic: the
+        progress topic (<base>.progress) is never read."""
+        cmd = ["kcat", "-C", "-b", self.brokers, "-t", topic, "-o", "beginning", "-e", "-q",
+               "-f", "%h\n"]
+        if read_committed:
+            cmd += ["-X", "isolation.level=read_committed"]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            raise BenchError(f"kcat failed reading {topic}: {r.stderr[-1000:]}")
+        prefix = UUID_HEADER["relay"] + "="
+        out = {}
+        for line in r.stdout.splitlines():
+            for h in line.split(","):
+                if h.startswith(prefix):
+                    u = h[len(prefix):]
+                    out[u] = out.get(u, 0) + 1
+                    break
+        return out
 
     def delete_run_topics(self):
         r = subprocess.run([self.admin_bin, "delete", self.brokers, self.topic_prefix],
@@ -695,7 +845,7 @@ END $$;
              "rows_per_tx": a.rows_big, "contenders": DRAIN_CONTENDERS},
             {"name": "rss1m", "label": f"{a.rows_rss:,} rows in 100-row transactions (peak RSS)",
              "tx": a.rows_rss // 100, "rows_per_tx": 100,
-             "contenders": ["pg_recvlogical", "relay-kafka"]},
+             "contenders": ["pg_recvlogical", "relay-kafka", "relay-kafka-eos"]},
         ]
         only = set(a.sizes.split(",")) if a.sizes else None
         return [s for s in sizes if only is None or s["name"] in only]
@@ -710,7 +860,8 @@ END $$;
         log(f"drain {size['name']}: {size['label']}, {rows:,} rows")
         self.reset_table()
         contenders = [c for c in size["contenders"]
-                      if contender_kind(c) not in PEERS or contender_kind(c) in self.peers]
+                      if (contender_kind(c) not in PEERS or contender_kind(c) in self.peers)
+                      and self.wanted(c)]
         # One slot per WAL reader (the Watermill forwarder reads the table).
         slots = {c: f"bench_{size['name']}_{c.replace('-', '_')}" for c in contenders
                  if contender_kind(c) != "watermill"}
@@ -764,6 +915,15 @@ END $$;
         off = entry["contenders"].get("relay-kafka-nomark", {}).get("events_per_s")
         if on and off:
             entry["marking_on_over_off"] = on / off
+        eos = entry["contenders"].get("relay-kafka-eos", {}).get("events_per_s")
+        if on and eos:
+            # Issue 14: exactly-once against at-least-once, both to marked and confirmed.
+            entry["eos_over_alo"] = eos / on
+            eos_k = entry["contenders"]["relay-kafka-eos"].get("events_per_s_to_kafka")
+            alo_k = entry["contenders"]["relay-kafka"].get("events_per_s_to_kafka")
+            if eos_k and alo_k:
+                entry["eos_over_alo_to_kafka"] = eos_k / alo_k
+            log(f"  exactly-once / at-least-once: {eos / on:.2f}")
         self.sql.query("TRUNCATE outbox")  # the next phase starts from an empty table
 
     def drain_recvlogical(self, slot, start_lsn, end_lsn, rows):
@@ -856,19 +1016,23 @@ END $$;
         if kind == "watermill":
             rows = peer_rows
         sink = "null" if contender == "relay-null" else "kafka"
-        mark = contender == "relay-kafka"
+        eos = is_eos(contender)
+        mark = contender == "relay-kafka" or eos
         topic_base = f"{self.topic_prefix}{size_name}.{contender}"
+        extra = []
         if sink == "kafka":
             # Topics exist before the clock starts: the run measures draining, not the
             # broker's topic auto-creation.
             self.create_topic(f"{topic_base}.review")
+        if eos:
+            extra = self.eos_flags(topic_base)
         logname = f"{kind}-{size_name}-{contender}.log".replace(f"{kind}-{kind}", kind)
         profile_proc = None
         busy0 = machine_busy_cpu()
         t0 = time.time()
         if kind == "relay":
             p, port = self.start_relay(slot, topic_base + ".{Event-Type:aggregate}", sink, mark,
-                                       logname)
+                                       logname, extra)
         else:
             p, port = self.start_peer(contender, slot, f"{topic_base}.review", logname,
                                       group=size_name)
@@ -952,6 +1116,15 @@ END $$;
             busy = machine_busy_cpu() - busy0
             kafka_cpu = (proc_cpu(kafka_pid) - kafka_cpu0) if kafka_cpu0 is not None else None
             series.append((wall, delivered))
+            txns = None
+            if eos:
+                m = scrape(port) or {}
+                txns = {"committed": metric_labelled(m, "outbox_relay_kafka_transactions_total",
+                                                     result="committed"),
+                        "aborted": metric_labelled(m, "outbox_relay_kafka_transactions_total",
+                                                   result="aborted"),
+                        "rows_already_in_kafka":
+                            metric_sum(m, "outbox_relay_rows_already_in_kafka_total")}
         finally:
             if profile_proc is not None:
                 profile_proc.send_signal(signal.SIGINT)
@@ -962,7 +1135,8 @@ END $$;
         if delivered < rows:
             raise BenchError(f"{contender}: {delivered} events delivered, expected {rows}")
         r = {"wall_seconds": wall, "events_per_s": rows / wall, "rows_measured": rows,
-             "done_when": {"relay": "confirmed LSN >= end (in Kafka and marked)",
+             "done_when": "confirmed LSN >= end (committed in Kafka and marked)" if eos else
+                          {"relay": "confirmed LSN >= end (in Kafka and marked)",
                            "watermill": "offsets row at the last row (in Kafka, acked)",
                            "debezium": "every row acknowledged by Kafka"}[kind],
              "startup_seconds": first_event_t,
@@ -1003,6 +1177,23 @@ END $$;
         if mark:
             marked = self.sql.value("SELECT count(*) FROM outbox WHERE offset_acked IS NOT NULL")
             r["rows_marked"] = int(marked)
+        if eos:
+            r["delivery"] = "exactly-once"
+            r["progress_topic"] = f"{topic_base}.progress"
+            # "to Kafka" counts delivery reports: appended to the log, not yet committed. The
+            # clock (confirmed LSN) stops after the Kafka commit. After the run: what a
+            # read_committed consumer sees of the data topic (the progress topic left out).
+            r["to_kafka_means"] = "appended (delivery reports), before the Kafka commit"
+            r["kafka_transactions"] = txns
+            seen = self.read_topic_uuids(f"{topic_base}.review", read_committed=True)
+            r["read_committed"] = {
+                "records": sum(seen.values()), "distinct_uuids": len(seen),
+                "duplicates": sum(n - 1 for n in seen.values()),
+                "missing": max(0, rows - len(seen))}
+            if r["read_committed"]["records"] != rows or r["read_committed"]["duplicates"]:
+                log(f"  WARNING {contender}: a read_committed consumer sees "
+                    f"{r['read_committed']['records']:,} records, "
+                    f"{r['read_committed']['distinct_uuids']:,} distinct, for {rows:,} rows")
         if profile_proc is not None:
             r["perf_report"] = self.perf_report(f"perf-{size_name}-{contender}")
         return r
@@ -1045,7 +1236,7 @@ END $$;
 
     def live_peers(self):
         return [c for c in self.args.live_peers.split(",")
-                if c and contender_kind(c) in self.peers]
+                if c and contender_kind(c) in self.peers and self.wanted(c)]
 
     def phase_live(self):
         a = self.args
@@ -1066,7 +1257,11 @@ END $$;
                 "seconds_per_rate": a.live_seconds, "peer_seconds_per_rate": a.peer_live_seconds,
                 "contenders": {}}
         self.result["live"] = live
-        plan = [("relay", a.rates, a.live_seconds)]
+        plan = []
+        if self.wanted("relay"):
+            plan.append(("relay", a.rates, a.live_seconds))
+        if a.eos_rates and self.wanted("relay-eos"):
+            plan.append(("relay-eos", a.eos_rates, a.live_seconds))
         plan += [(c, a.peer_rates, a.peer_live_seconds) for c in self.live_peers()]
         for name, rates, seconds in plan:
             self.note_load(f"live {name}")
@@ -1128,6 +1323,7 @@ END $$;
         waiting after each until the contender has caught up."""
         a = self.args
         kind = contender_kind(name)
+        eos = is_eos(name)
         poll_ms = parse_duration_ms(name.split("-", 1)[1]) if kind in PEERS and "-" in name \
             else None
         self.reset_table()
@@ -1140,15 +1336,25 @@ END $$;
         # The broker stamps each record with its append time: that is the ack time we use.
         self.create_topic(topic, "message.timestamp.type=LogAppendTime")
         logname = f"{kind}-live.log" if name == kind else f"{kind}-live-{name}.log"
+        extra = self.eos_flags(topic_base) if eos else []
+        visible = None
         if kind == "relay":
+            # Commit -> visible, for both delivery modes alike (exactly-once: read_committed).
+            visible = VisibilityConsumer(self.brokers, topic, eos,
+                                         os.path.join(self.out, f"kcat-visible-{name}.log"))
             proc, port = self.start_relay(slot, topic_base + ".{Event-Type:aggregate}", "kafka",
-                                          True, logname)
+                                          True, logname, extra)
         else:
             proc, port = self.start_peer(name, slot, topic, logname, poll_ms=poll_ms,
                                          group=f"live-{name}")
         log(f"  {name}: started (pid {proc.pid})")
         entry = {"kind": kind, "poll_interval_ms": poll_ms, "seconds_per_rate": seconds,
                  "topic": topic, "rates": {}}
+        if eos:
+            entry["delivery"] = "exactly-once"
+            entry["progress_topic"] = f"{topic_base}.progress"
+        if visible is not None:
+            entry["visibility_consumer"] = "kcat -C " + " ".join(visible.cmd[6:])
         samples = []  # (t, retained_restart, retained_confirmed, delivered)
         stop_sampling = threading.Event()
         t_origin = time.time()
@@ -1212,6 +1418,9 @@ END $$;
             rows_total = int(self.sql.value("SELECT count(*) FROM outbox"))
             wait_caught_up(rows_total, lsn_int(self.sql.value("SELECT pg_current_wal_lsn()")),
                            180)
+            if visible is not None and not visible.wait_for(rows_total, 30):
+                log(f"  {name}: the visibility consumer saw {len(visible.seen):,} of the "
+                    f"{rows_total:,} warm-up rows within 30 s")
             entry["ready_seconds"] = time.time() - t_origin
             time.sleep(1)
             for label in rates:
@@ -1285,8 +1494,24 @@ END $$;
                 entry["rates"][label] = r
                 time.sleep(2)
             entry["peak_rss_kb"] = proc_status_kb(proc.pid, "VmHWM")
+            if eos:
+                m = scrape(port) or {}
+                entry["kafka_transactions"] = {
+                    "committed": metric_labelled(m, "outbox_relay_kafka_transactions_total",
+                                                 result="committed"),
+                    "aborted": metric_labelled(m, "outbox_relay_kafka_transactions_total",
+                                               result="aborted"),
+                    "commit_seconds_p99": histogram_quantile(histogram_buckets(
+                        m, "outbox_relay_kafka_transaction_commit_seconds"), 0.99)}
+            if visible is not None:
+                rows_total = int(self.sql.value("SELECT count(*) FROM outbox"))
+                if not visible.wait_for(rows_total, 30):
+                    log(f"  {name}: the visibility consumer saw {len(visible.seen):,} of "
+                        f"{rows_total:,} rows")
         finally:
             stop_sampling.set()
+            if visible is not None:
+                visible.stop()
             rc = self.stop_relay(proc, name)
             log(f"  {name} stopped (exit {rc})")
         entry["samples"] = {"t": [round(s[0], 2) for s in samples],
@@ -1300,20 +1525,25 @@ END $$;
                 r["retained_wal_bytes_max"] = max(s[1] for s in window)
                 r["retained_wal_bytes_mean"] = sum(s[1] for s in window) / len(window)
                 r["unconfirmed_wal_bytes_max"] = max(s[2] for s in window)
-        self.live_latency(entry, name, topic, UUID_HEADER[kind])
+        self.live_latency(entry, name, topic, UUID_HEADER[kind], read_committed=eos,
+                          visible=visible)
         return entry
 
-    def live_latency(self, entry, name, topic, uuid_header):
+    def live_latency(self, entry, name, topic, uuid_header, read_committed=False, visible=None):
         """Per-row latency: the broker's append time (LogAppendTime, ms) minus the row's commit
         time (pg_xact_commit_timestamp, us: the same timestamp the pgoutput Commit message
         carries, recorded by PostgreSQL for every transaction with track_commit_timestamp, so
         the relay and the peers are measured alike)."""
         log(f"  {name}: consuming {topic} for per-record latency")
         path = os.path.join(self.out, f"live-records-{name}.tsv")
+        # The exactly-once relay's records are read as its consumers read them: read_committed
+        # (an aborted transaction's records are not counted, a duplicate is a real one).
+        cmd = ["kcat", "-C", "-b", self.brokers, "-t", topic, "-o", "beginning", "-e", "-q",
+               "-f", "%T\t%h\n"]
+        if read_committed:
+            cmd += ["-X", "isolation.level=read_committed"]
         with open(path, "w") as f:
-            r = subprocess.run(["kcat", "-C", "-b", self.brokers, "-t", topic, "-o", "beginning",
-                                "-e", "-q", "-f", "%T\t%h\n"], stdout=f, stderr=subprocess.PIPE,
-                               text=True, timeout=600)
+            r = subprocess.run(cmd, stdout=f, stderr=subprocess.PIPE, text=True, timeout=600)
         if r.returncode != 0:
             raise BenchError(f"kcat failed: {r.stderr[-1000:]}")
         append_ms = {}
@@ -1360,6 +1590,32 @@ END $$;
             # A compact CDF for the plot, dense in the tail: [[quantile, ms], ...].
             rr["latency_cdf_ms"] = [[q, percentile(lats, q)] for q in CDF_QUANTILES] \
                 if lats else []
+        if visible is None:
+            return
+        # Commit -> received by the consumer that ran during the load (read_committed for the
+        # exactly-once relay): when the row became visible to consumers.
+        entry["visible_records"] = visible.records
+        entry["visible_rows"] = len(visible.seen)
+        vis_by_rate = {label: [] for label in entry["rates"]}
+        with open(os.path.join(self.out, f"live-visible-{name}.tsv"), "w") as f:
+            for uuid, t in visible.seen.items():
+                cus = commits.get(uuid)
+                f.write(f"{uuid}\t{t * 1e6:.0f}\t{cus or ''}\n")
+                if cus is None:
+                    continue
+                for label, rr in entry["rates"].items():
+                    if rr["unix_start"] * 1e6 <= cus <= rr["unix_end"] * 1e6:
+                        vis_by_rate[label].append(t * 1000.0 - cus / 1000.0)
+                        break
+        for label, lats in vis_by_rate.items():
+            lats.sort()
+            entry["rates"][label]["visible_latency_ms"] = {
+                "count": len(lats),
+                "p50": percentile(lats, 0.5), "p90": percentile(lats, 0.9),
+                "p99": percentile(lats, 0.99), "p999": percentile(lats, 0.999),
+                "max": lats[-1] if lats else None,
+                "mean": sum(lats) / len(lats) if lats else None,
+                "read_committed": visible.read_committed}
 
     # ---- summary ---------------------------------------------------------------------------
 
@@ -1474,6 +1730,20 @@ END $$;
                 "value": f"{len(have)} of {len(have) + len(missing)} runs have figures"
                          + (f" (missing: {', '.join(missing)})" if missing else ""),
                 "met": not missing}
+        # Issue 14: exactly-once against at-least-once.
+        ratio = drain.get("tx100", {}).get("eos_over_alo")
+        if ratio is not None:
+            t["14_drain_eos_over_alo_tx100"] = {
+                "issue": 14, "target": ">= 0.8 x relay-kafka (exactly-once / at-least-once, "
+                                       "events/s to marked and confirmed, 100-row transactions)",
+                "value": ratio, "met": ratio >= 0.8}
+        vis = lc.get("relay-eos", {}).get("rates", {}).get("50%", {}).get(
+            "visible_latency_ms", {})
+        if vis.get("p99") is not None:
+            t["14_live_eos_p99_visible_50pct_ms"] = {
+                "issue": 14, "target": "p99 commit -> visible to a read_committed consumer "
+                                       "<= 50 ms at 50 % load (exactly-once)",
+                "value": vis["p99"], "met": vis["p99"] <= 50}
         # Issue 5's targets.
         for size in ["tx1", "tx100", "tx200k"]:
             for c, limit in (("relay-kafka", 0.8), ("relay-null", 0.95)):
@@ -1577,6 +1847,27 @@ END $$;
                 if s.get("marking_on_over_off"):
                     lines.append(f"{size:8s} marking on / off throughput: "
                                  f"{s['marking_on_over_off']:.2f}")
+                if s.get("eos_over_alo") is not None:
+                    lines.append(
+                        f"{size:8s} exactly-once / at-least-once (relay-kafka-eos / relay-kafka, "
+                        f"to marked): {s['eos_over_alo']:.2f}"
+                        + (f"; to Kafka (eos: appended, before the commit) "
+                           f"{s['eos_over_alo_to_kafka']:.2f}"
+                           if s.get("eos_over_alo_to_kafka") else "")
+                        + ((" (target >= 0.80: " + ("MET" if s["eos_over_alo"] >= 0.8
+                                                     else "MISS") + ")")
+                           if size == "tx100" else ""))
+                for c, r in s["contenders"].items():
+                    rc = r.get("read_committed")
+                    if rc is None:
+                        continue
+                    kt = r.get("kafka_transactions") or {}
+                    lines.append(
+                        f"{'':8s}   {c}: a read_committed consumer sees {rc['records']:,} "
+                        f"records ({rc['distinct_uuids']:,} distinct uuids, "
+                        f"{rc['duplicates']:,} duplicates, {rc['missing']:,} rows missing); "
+                        f"Kafka transactions committed {kt.get('committed', 0):,.0f}, "
+                        f"aborted {kt.get('aborted', 0):,.0f}")
         live = res.get("live")
         if live and live.get("contenders"):
             lines.append("")
@@ -1624,6 +1915,39 @@ END $$;
                     f"<=50ms {(r['relay_histogram']['fraction_le_50ms'] or 0) * 100:.2f}%, "
                     f"retained WAL max {(r.get('retained_wal_bytes_max') or 0) / 2**20:.1f}MB"
                     for label, r in relay["rates"].items()))
+            vis = [(n, c) for n, c in live["contenders"].items()
+                   if not c.get("error") and any(r.get("visible_latency_ms")
+                                                 for r in c.get("rates", {}).values())]
+            if vis:
+                lines.append("")
+                lines.append("Commit -> visible to a consumer (issue 14): a kcat consumer runs "
+                             "during the load and stamps each record on arrival (relay-eos: "
+                             "isolation.level=read_committed, so a record counts once its Kafka "
+                             "transaction committed); append = the LogAppendTime figures above")
+                hdr = (f"{'contender':16s} {'rate':>6s} {'rows':>7s} {'p50 ms':>7s} "
+                       f"{'p99 ms':>7s} {'max ms':>7s} {'append p50':>10s} {'append p99':>10s}")
+                lines.append(hdr)
+                lines.append("-" * len(hdr))
+                for name, c in vis:
+                    for label, r in c["rates"].items():
+                        v = r.get("visible_latency_ms") or {}
+                        ap = r.get("latency_ms") or {}
+                        lines.append(
+                            f"{name:16s} {label:>6s} {v.get('count', 0):>7,} {f(v.get('p50'))} "
+                            f"{f(v.get('p99'))} {f(v.get('max'))} {f(ap.get('p50'), 10)} "
+                            f"{f(ap.get('p99'), 10)}")
+                    if c.get("kafka_transactions"):
+                        kt = c["kafka_transactions"]
+                        p99c = kt.get("commit_seconds_p99")
+                        lines.append(f"{name:16s} Kafka transactions committed "
+                                     f"{kt['committed']:,.0f}, aborted {kt['aborted']:,.0f}"
+                                     + (f", commit call p99 {p99c * 1000:.1f} ms (histogram)"
+                                        if p99c is not None else ""))
+                eos50 = live["contenders"].get("relay-eos", {}).get("rates", {}).get(
+                    "50%", {}).get("visible_latency_ms", {}).get("p99")
+                if eos50 is not None:
+                    lines.append(f"exactly-once p99 at 50 %: {eos50:.1f} ms (target <= 50 ms: "
+                                 + ("MET" if eos50 <= 50 else "MISS") + ")")
             cost = res.get("db_cost", {}).get("contenders", {})
             if cost:
                 lines.append("")
@@ -1647,7 +1971,8 @@ END $$;
                 v = b.get("rows_per_s_median")
                 lines.append(f"  {name:32s} {v:>14,.0f} rows/s" if v else f"  {name}")
         if res["targets"]:
-            for issue, title in ((13, "Targets (issue 13)"),
+            for issue, title in ((14, "Targets (issue 14, exactly-once)"),
+                                 (13, "Targets (issue 13)"),
                                  (5, "Earlier targets (issue 5)")):
                 items = [(n, t) for n, t in res["targets"].items() if t.get("issue") == issue]
                 if not items:
@@ -1730,6 +2055,16 @@ def parse_args(argv):
     p.add_argument("--rates", default="500/s,25,50,80",
                    help="the relay's live rates: N/s, or a percentage of the sustained rate")
     p.add_argument("--live-seconds", type=int, default=60, help="per rate, the relay")
+    p.add_argument("--eos-rates", default="500/s,50",
+                   help="live rates of the exactly-once relay (relay-eos), like --rates")
+    p.add_argument("--txn-interval-ms", type=int, default=0,
+                   help="the exactly-once relay's --txn-interval-ms (0: the relay's default)")
+    p.add_argument("--contenders", default="",
+                   help="run only these contenders (comma-separated; empty: all): drain "
+                        "pg_recvlogical, relay-null, watermill, relay-kafka, relay-kafka-eos, "
+                        "relay-kafka-nomark, debezium; live relay (= relay-kafka), relay-eos "
+                        "(= relay-kafka-eos), and the peers' live contenders by name or by peer "
+                        "(watermill, debezium)")
     p.add_argument("--peers", default="watermill,debezium",
                    help="peers to run next to the relay (empty: none)")
     p.add_argument("--live-peers",
@@ -1770,6 +2105,12 @@ def parse_args(argv):
         a.peer_live_seconds = min(a.peer_live_seconds, 10)
         a.capacity_seconds = min(a.capacity_seconds, 5)
     a.rates = parse_rates(a.rates)
+    a.eos_rates = parse_rates(a.eos_rates)
+    a.contenders = [c.strip() for c in a.contenders.split(",") if c.strip()]
+    for c in a.contenders:
+        if c not in KNOWN_CONTENDERS and contender_kind(c) not in PEERS:
+            p.error(f"--contenders: unknown contender {c} "
+                    f"({', '.join(DRAIN_CONTENDERS + list(LIVE_RELAYS))})")
     a.peer_rates = parse_rates(a.peer_rates)
     for c in a.live_peers.split(","):
         if c and (contender_kind(c) not in PEERS or "-" in c and not re.fullmatch(

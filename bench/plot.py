@@ -18,10 +18,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
 COLORS = {"pg_recvlogical": "#555555", "relay-null": "#1f77b4", "relay-kafka": "#d62728",
-          "relay-kafka-nomark": "#ff9896", "watermill": "#2ca02c", "debezium": "#9467bd"}
+          "relay-kafka-nomark": "#ff9896", "relay-kafka-eos": "#8c564b", "watermill": "#2ca02c", "debezium": "#9467bd"}
 LABELS = {"pg_recvlogical": "pg_recvlogical → /dev/null", "relay-null": "relay, null sink",
           "relay-kafka": "relay → Kafka, marking on",
           "relay-kafka-nomark": "relay → Kafka, marking off",
+          "relay-kafka-eos": "relay → Kafka exactly-once, marking on",
           "watermill": "Watermill polling forwarder → Kafka",
           "debezium": "Debezium embedded + outbox router → Kafka"}
 SESSION_COLORS = {"walsender": "#1f77b4", "outbox-relay-marker": "#d62728",

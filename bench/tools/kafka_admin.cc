@@ -6,6 +6,10 @@
 //       time. An existing topic is an error (the harness names topics per run).
 //   bench_kafka_admin delete BROKERS PREFIX
 //       Deletes every topic whose name starts with PREFIX (the harness's per-run topics).
+//   bench_kafka_admin txn-warmup BROKERS TOPIC TRANSACTIONAL_ID
+//       One transactional produce (init, begin, one record to TOPIC, commit): the broker's
+//       first transactional producer after a start creates the transaction state log, which
+//       must not fall on the first exactly-once contender's clock.
 //
 // Exit status 0 on success; errors go to stderr.
 #include <librdkafka/rdkafka.h>
@@ -149,10 +153,52 @@ int Delete(const char* brokers, const char* prefix) {
   return rc;
 }
 
+int Fail(const char* what, rd_kafka_error_t* error) {
+  std::fprintf(stderr, "%s: %s\n", what, rd_kafka_error_string(error));
+  rd_kafka_error_destroy(error);
+  return 1;
+}
+
+int TxnWarmup(const char* brokers, const char* topic, const char* transactional_id) {
+  char err[512];
+  rd_kafka_conf_t* conf = rd_kafka_conf_new();
+  if (rd_kafka_conf_set(conf, "bootstrap.servers", brokers, err, sizeof err) != RD_KAFKA_CONF_OK ||
+      rd_kafka_conf_set(conf, "transactional.id", transactional_id, err, sizeof err) !=
+          RD_KAFKA_CONF_OK) {
+    std::fprintf(stderr, "conf: %s\n", err);
+    return 2;
+  }
+  rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
+  if (rk == nullptr) {
+    std::fprintf(stderr, "rd_kafka_new: %s\n", err);
+    return 2;
+  }
+  int rc = 0;
+  if (rd_kafka_error_t* e = rd_kafka_init_transactions(rk, 60000)) {
+    rc = Fail("init_transactions", e);
+  } else if (rd_kafka_error_t* e2 = rd_kafka_begin_transaction(rk)) {
+    rc = Fail("begin_transaction", e2);
+  } else {
+    static const char kValue[] = "warm-up";
+    rd_kafka_resp_err_t pe = rd_kafka_producev(
+        rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_VALUE(const_cast<char*>(kValue), sizeof kValue - 1),
+        RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_END);
+    if (pe != RD_KAFKA_RESP_ERR_NO_ERROR) {
+      std::fprintf(stderr, "produce: %s\n", rd_kafka_err2str(pe));
+      rc = 1;
+    } else if (rd_kafka_error_t* e3 = rd_kafka_commit_transaction(rk, 60000)) {
+      rc = Fail("commit_transaction", e3);
+    }
+  }
+  rd_kafka_destroy(rk);
+  return rc;
+}
+
 int Usage() {
   std::fprintf(stderr,
                "usage: bench_kafka_admin create BROKERS TOPIC PARTITIONS [CONFIG=VALUE ...]\n"
-               "       bench_kafka_admin delete BROKERS PREFIX\n");
+               "       bench_kafka_admin delete BROKERS PREFIX\n"
+               "       bench_kafka_admin txn-warmup BROKERS TOPIC TRANSACTIONAL_ID\n");
   return 2;
 }
 
@@ -163,5 +209,8 @@ int main(int argc, char** argv) {
     return Create(argv[2], argv[3], std::atoi(argv[4]), argc - 5, argv + 5);
   }
   if (argc == 4 && std::strcmp(argv[1], "delete") == 0) return Delete(argv[2], argv[3]);
+  if (argc == 5 && std::strcmp(argv[1], "txn-warmup") == 0) {
+    return TxnWarmup(argv[2], argv[3], argv[4]);
+  }
   return Usage();
 }
