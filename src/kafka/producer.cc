@@ -9,6 +9,23 @@ namespace outbox_relay::kafka {
 
 namespace {
 
+// The producer's fatal error, said as the operator needs it: a fenced
+// transactional producer means another instance took this one's place.
+std::string FatalErrorText(rd_kafka_resp_err_t fatal, const char* reason) {
+  if (fatal == RD_KAFKA_RESP_ERR__FENCED || fatal == RD_KAFKA_RESP_ERR_PRODUCER_FENCED ||
+      fatal == RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH) {
+    return fmt::format(
+        "Kafka producer fenced: this relay was replaced: another instance took over its "
+        "transactional.id ({}: {}); it publishes nothing more",
+        rd_kafka_err2name(fatal), reason);
+  }
+  return fmt::format("Kafka producer fatal error: {}: {}", rd_kafka_err2name(fatal), reason);
+}
+
+}  // namespace
+
+namespace {
+
 using std::chrono::milliseconds;
 
 // librdkafka's own default batch.size.
@@ -379,8 +396,7 @@ Result<Sink::Accepted> KafkaProducer::Produce(const outbox::KafkaRecord& record,
   if (err == RD_KAFKA_RESP_ERR__FATAL) {
     std::array<char, 512> reason{};
     rd_kafka_resp_err_t fatal = rd_kafka_fatal_error(rk, reason.data(), reason.size());
-    return Fail(ErrorCode::kFatal, "Kafka producer fatal error: {}: {}", rd_kafka_err2name(fatal),
-                reason.data());
+    return Fail(ErrorCode::kFatal, "{}", FatalErrorText(fatal, reason.data()));
   }
   return Fail(ErrorCode::kFatal, "produce to '{}': {}", record.topic, rd_kafka_err2str(err));
 }
@@ -519,8 +535,7 @@ void KafkaProducer::Report(Lane& lane, const rd_kafka_message_t* msg) {
     // the fatal error is the reason worth reporting.
     std::array<char, 512> reason{};
     rd_kafka_resp_err_t fatal = rd_kafka_fatal_error(rk, reason.data(), reason.size());
-    d.error = Error{ErrorCode::kFatal, fmt::format("Kafka producer fatal error: {}: {}",
-                                                   rd_kafka_err2name(fatal), reason.data())};
+    d.error = Error{ErrorCode::kFatal, FatalErrorText(fatal, reason.data())};
   } else {
     d.error = Error{ErrorCode::kFatal, fmt::format("delivery to '{}' failed: {}", d.topic,
                                                    rd_kafka_err2str(msg->err))};

@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "fixture.h"
+#include "ops_support.h"
 #include "resilience_support.h"
 #include "support/confirmed_sampler.h"
 #include "support/throwaway_kafka.h"
@@ -173,7 +174,25 @@ TEST_F(ExactlyOnce, StandbyTakeoversAndAThawedZombiePublishNothingTwice) {
     active = &standby;
   }
   // A zombie: the active instance frozen until the standby has taken over
-  // (its walsender timed out), then thawed. Its producer is fenced.
+  // (its walsender timed out), then thawed. Its producer is fenced. It is
+  // frozen once it streams, i.e. after it initialised its transactions: one
+  // frozen between taking the slot and that initialisation fences, when
+  // thawed, the instance that took over meanwhile (which then exits as
+  // replaced) and goes on as the active one — never a duplicate either, but
+  // not the zombie this scenario is about.
+  auto streams_after_takeover = [](RelayProcess& r, milliseconds timeout) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      std::string log = r.Log();
+      size_t took = log.rfind("taking over");
+      if (took != std::string::npos && log.find("streaming from slot", took) != std::string::npos) {
+        return true;
+      }
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+    return false;
+  };
+  ASSERT_TRUE(streams_after_takeover(*active, seconds(60))) << active->LogTail();
   RelayProcess& standby = StartRelay(Eos(), env);
   ASSERT_TRUE(standby.WaitForLog("info standby:", seconds(30))) << standby.LogTail();
   active->Pause();
@@ -285,6 +304,80 @@ TEST_F(ExactlyOnce, BrokerRestartAndPostgresImmediateRestartDuringOpenTransactio
   EXPECT_GT(ledger.committed_count(), 0u);
   Check(ledger, "broker restart and PostgreSQL restart -m immediate");
   kafka_.reset();
+}
+
+// The operator's view: `check` says whether the progress topic will do,
+// `slot status --kafka-brokers` shows what Kafka holds next to the slot, and a
+// progress topic that is not compacted is refused by `run`, naming the setting.
+TEST_F(ExactlyOnce, CheckAndSlotStatusShowTheProgressAndABadTopicIsRefused) {
+  CreateTables();
+  std::map<std::string, std::optional<std::string>> env = {{"DATABASE_URL", env_.database_url},
+                                                           {"KAFKA_BROKERS", env_.kafka_brokers}};
+  const std::string progress = topic_prefix_ + ".progress";
+  auto check = [&](const std::string& topic) {
+    std::vector<std::string> args =
+        RelayArgs({"--delivery", "exactly-once", "--progress-topic", topic});
+    args[0] = "check";
+    return RunRelayCommand(args, env);
+  };
+  CommandResult before = check(progress);
+  EXPECT_NE(before.out.find(
+                fmt::format("OK    progress topic {}: does not exist; run creates it", progress)),
+            std::string::npos)
+      << before.Describe();
+
+  RelayProcess& relay = StartRelay(Eos());
+  ASSERT_TRUE(WaitStreaming(relay, seconds(60))) << relay.LogTail();
+  Ledger ledger;
+  {
+    Writer writer(Workload(), &ledger, -1, 11);
+    for (int i = 0; i < 5; ++i) ASSERT_TRUE(writer.Transaction({.rows = 3}));
+  }
+  ASSERT_EQ(WaitAllAcked(seconds(60)), 0) << relay.LogTail();
+  const std::string last_commit =
+      db_
+          ->Scalar(fmt::format(
+              "SELECT max(commit_lsn)::text FROM outbox_relay.commits WHERE slot_name = '{}'",
+              name_))
+          .value_or("?");
+  relay.Terminate();
+  ASSERT_EQ(relay.Wait(seconds(40)), std::optional<int>(0)) << relay.LogTail();
+
+  CommandResult after = check(progress);
+  EXPECT_NE(after.out.find(fmt::format("OK    progress topic {}: exists, compacted", progress)),
+            std::string::npos)
+      << after.Describe();
+
+  CommandResult status =
+      RunRelayCommand({"slot", "status", "--slot", name_, "--kafka-brokers", env_.kafka_brokers,
+                       "--progress-topic", progress, "--output", "json"},
+                      env);
+  ASSERT_EQ(status.exit_code, 0) << status.Describe();
+  EXPECT_EQ(JsonPath(*db_, status.out, "{kafka_progress,error}"), std::nullopt) << status.out;
+  EXPECT_EQ(JsonPath(*db_, status.out, "{kafka_progress,progress,commit_lsn}"), last_commit)
+      << status.out;
+  EXPECT_EQ(JsonPath(*db_, status.out, "{kafka_progress,progress,complete}"), "true") << status.out;
+  CommandResult text = RunRelayCommand({"slot", "status", "--slot", name_, "--kafka-brokers",
+                                        env_.kafka_brokers, "--progress-topic", progress},
+                                       env);
+  EXPECT_NE(text.out.find("Kafka progress (exactly-once; topic " + progress), std::string::npos)
+      << text.Describe();
+
+  // A topic with cleanup.policy=delete (one the relay's records went to).
+  std::string data_topic;
+  for (const std::string& t : kafka_->TopicsWithPrefix(topic_prefix_)) {
+    if (t != progress && !t.ends_with(".dlq")) data_topic = t;
+  }
+  ASSERT_FALSE(data_topic.empty());
+  CommandResult bad = check(data_topic);
+  EXPECT_EQ(bad.exit_code, 1) << bad.Describe();
+  EXPECT_NE(bad.out.find("cleanup.policy=delete"), std::string::npos) << bad.Describe();
+  RelayProcess& refused =
+      StartRelay({"--delivery", "exactly-once", "--progress-topic", data_topic});
+  EXPECT_EQ(refused.Wait(seconds(60)), std::optional<int>(2)) << refused.LogTail();
+  EXPECT_NE(refused.Log().find("--progress-topic (OUTBOX_PROGRESS_TOPIC)"), std::string::npos)
+      << refused.LogTail();
+  Check(ledger, "check and slot status");
 }
 
 }  // namespace
