@@ -614,6 +614,20 @@ Result<std::string> Relay::TransactionalId() {
   return pipeline::DefaultTransactionalId(identity->system_id, repl->database(), config_.slot);
 }
 
+pipeline::TransactionOptions Relay::TransactionOptionsOf() const {
+  pipeline::TransactionOptions to;
+  to.progress_topic = config_.progress_topic;
+  to.key = transactional_id_;
+  to.interval = milliseconds(config_.txn_interval_ms);
+  to.max_rows = config_.txn_max_rows;
+  if (const char* fault = std::getenv("OUTBOX_TEST_FAULT");
+      fault != nullptr && std::string_view(fault) == "eos-no-skip") {
+    spdlog::warn("TEST FAULT eos-no-skip: what Kafka already has is produced again");
+    to.skip_committed = false;
+  }
+  return to;
+}
+
 Status Relay::EnsureTransactions() {
   if (config_.delivery != DeliveryMode::kExactlyOnce || transactions_ready_) return Ok();
   auto* producer = dynamic_cast<kafka::KafkaProducer*>(publisher_->sink());
@@ -663,17 +677,7 @@ Status Relay::PrepareTransactions(kafka::KafkaProducer* producer) {
     }
     committed = *decoded;
   }
-  pipeline::TransactionOptions to;
-  to.progress_topic = config_.progress_topic;
-  to.key = transactional_id_;
-  to.interval = milliseconds(config_.txn_interval_ms);
-  to.max_rows = config_.txn_max_rows;
-  if (const char* fault = std::getenv("OUTBOX_TEST_FAULT");
-      fault != nullptr && std::string_view(fault) == "eos-no-skip") {
-    spdlog::warn("TEST FAULT eos-no-skip: what Kafka already has is produced again");
-    to.skip_committed = false;
-  }
-  publisher_->EnableTransactions(to, producer, committed);
+  publisher_->EnableTransactions(TransactionOptionsOf(), producer, committed);
   spdlog::info("exactly-once: transactional.id {}; Kafka holds up to {} (rows {}{}){}",
                transactional_id_, committed.final_lsn, committed.rows,
                committed.complete ? ", complete" : "",
@@ -698,12 +702,7 @@ Status Relay::RecreateSinkIfNeeded() {
   if (!sink) return std::unexpected(sink.error());
   auto* fresh = dynamic_cast<kafka::KafkaProducer*>(sink->get());
   if (auto st = fresh->InitTransactions(milliseconds(30000)); !st) return st;
-  pipeline::TransactionOptions to;
-  to.progress_topic = config_.progress_topic;
-  to.key = transactional_id_;
-  to.interval = milliseconds(config_.txn_interval_ms);
-  to.max_rows = config_.txn_max_rows;
-  publisher_->EnableTransactions(to, fresh, committed);
+  publisher_->EnableTransactions(TransactionOptionsOf(), fresh, committed);
   publisher_->AttachSink(std::move(*sink));
   spdlog::info("the transactional producer starts again with batch.size {}", *wanted);
   return Ok();

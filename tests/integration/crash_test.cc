@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "fixture.h"
+#include "resilience_support.h"
 #include "support/confirmed_sampler.h"
 
 namespace outbox_test {
@@ -30,17 +31,7 @@ TEST_F(Crash, KillNineUnderLoad) {
   ConfirmedSampler sampler(env_.database_url, name_);
 
   Ledger ledger;
-  LoadGenerator load(
-      Workload(), &ledger, 2,
-      [](std::mt19937_64& rng) {
-        TxSpec tx;
-        tx.rows = 1 + static_cast<int>(rng() % 50);
-        tx.rollback = rng() % 10 == 0;
-        if (rng() % 10 == 0) tx.savepoint_rolled_back_rows = 1 + static_cast<int>(rng() % 3);
-        if (rng() % 10 == 0) tx.other_table_rows = 5;
-        return tx;
-      },
-      std::chrono::microseconds(3000));
+  LoadGenerator load(Workload(), &ledger, 2, resilience::MixedTx, std::chrono::microseconds(3000));
   load.Start();
 
   std::mt19937_64 rng(std::random_device{}());

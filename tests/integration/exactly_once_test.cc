@@ -39,15 +39,6 @@ using namespace resilience;
 
 using RelayEnv = std::map<std::string, std::optional<std::string>>;
 
-TxSpec MixedTx(std::mt19937_64& rng) {
-  TxSpec tx;
-  tx.rows = 1 + static_cast<int>(rng() % 50);
-  tx.rollback = rng() % 10 == 0;
-  if (rng() % 10 == 0) tx.savepoint_rolled_back_rows = 1 + static_cast<int>(rng() % 3);
-  if (rng() % 10 == 0) tx.other_table_rows = 5;
-  return tx;
-}
-
 class ExactlyOnce : public RelayTest {
  protected:
   std::vector<std::string> Eos(std::vector<std::string> extra = {}) const {

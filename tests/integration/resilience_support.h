@@ -39,6 +39,17 @@ namespace outbox_test::resilience {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
+// The crash loops' mix: 1-50 rows, a tenth rolled back, a tenth with a
+// rolled-back savepoint, a tenth also writing another table.
+inline TxSpec MixedTx(std::mt19937_64& rng) {
+  TxSpec tx;
+  tx.rows = 1 + static_cast<int>(rng() % 50);
+  tx.rollback = rng() % 10 == 0;
+  if (rng() % 10 == 0) tx.savepoint_rolled_back_rows = 1 + static_cast<int>(rng() % 3);
+  if (rng() % 10 == 0) tx.other_table_rows = 5;
+  return tx;
+}
+
 // A field of /proc/<pid>/status in kB ("VmRSS", "VmHWM"); -1 when unreadable.
 inline long ProcStatusKb(pid_t pid, const std::string& field) {
   std::ifstream in(fmt::format("/proc/{}/status", static_cast<int>(pid)));

@@ -79,6 +79,9 @@ class Relay {
   // PrepareTransactions once per producer, when this instance owns the slot
   // (before its backfill or its stream): a standby must not fence the active one.
   Status EnsureTransactions();
+  // The publisher's Kafka-transaction settings (also after a new producer:
+  // one place, the test fault included).
+  pipeline::TransactionOptions TransactionOptionsOf() const;
   // Exactly-once: a topic needs smaller batches than the producer makes: a
   // new producer (a transaction is one producer's).
   Status RecreateSinkIfNeeded();
