@@ -90,7 +90,7 @@ Status Publisher::MapAndProduce(const outbox::ColumnMap& columns, const pgoutput
     }
     if (auto st = JoinTransaction(tx); !st) return st;
     std::lock_guard lock(refused_uuids_mu_);
-    if (!id.uuid.empty() && refused_uuids_.contains(std::string(id.uuid))) {
+    if (!id.uuid.empty() && refused_uuids_.contains(id.uuid)) {
       refused_before = Error{ErrorCode::kPoison,
                              "the broker refused this record for good in an earlier (aborted) "
                              "Kafka transaction"};

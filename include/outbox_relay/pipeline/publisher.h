@@ -209,8 +209,10 @@ class Publisher {
   Status worker_result_;
   std::atomic<bool> must_abort_{false};
   std::mutex refused_uuids_mu_;
-  std::set<std::string> refused_uuids_;  // refused by the broker in an aborted transaction
-  std::string must_abort_reason_;        // guarded by refused_uuids_mu_
+  // Refused by the broker in an aborted transaction; std::less<> looks a
+  // row's uuid up as a string_view (no allocation per row).
+  std::set<std::string, std::less<>> refused_uuids_;
+  std::string must_abort_reason_;  // guarded by refused_uuids_mu_
 };
 
 }  // namespace outbox_relay::pipeline
