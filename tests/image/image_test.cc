@@ -111,7 +111,7 @@ void WriteMixedWorkload(const WorkloadOptions& options, Ledger* ledger) {
 
 TEST_F(ImageRelay, DeliversTheWorkloadByteForByteAsTheBareBinary) {
   CreateTables();
-  const int port = FreeLocalPort(47600);
+  const int port = FreeLocalPort(17600);
   RelayContainer& container = StartContainer({"--metrics-addr", fmt::format("127.0.0.1:{}", port)});
   ASSERT_TRUE(WaitStreaming(container)) << container.LogTail();
 

@@ -141,7 +141,7 @@ TEST_F(ExactlyOnce, HarnessSeesDuplicatesWhenTheSkipIsTurnedOff) {
 TEST_F(ExactlyOnce, StandbyTakeoversAndAThawedZombiePublishNothingTwice) {
   // A cluster of the test's own: a frozen instance's walsender must time out
   // (wal_sender_timeout 5 s) for the standby to get the slot.
-  ThrowawayPostgres cluster(FreeLocalPort(56400 + static_cast<int>(getpid() % 300)),
+  ThrowawayPostgres cluster(FreeLocalPort(26400 + static_cast<int>(getpid() % 300)),
                             "-c wal_level=logical -c wal_sender_timeout=5s -c max_wal_senders=8 "
                             "-c max_replication_slots=8");
   db_ = std::make_unique<Pg>(cluster.url());
@@ -226,7 +226,7 @@ TEST_F(ExactlyOnce, KillInsideAHugeTransactionAndInTheBackfillPublishesEachRowOn
   EXPECT_GT(unacked_at_kill, 0) << "the backfill ended before the kill";
   // Its metrics count the Kafka commits: the kill comes once two of the big
   // transaction's have committed (polled every few ms, cheaper than Kafka).
-  const int metrics_port = FreeLocalPort(47700 + static_cast<int>(getpid() % 200));
+  const int metrics_port = FreeLocalPort(17700 + static_cast<int>(getpid() % 200));
   RelayProcess& second = StartRelay(
       Eos({"--txn-max-rows", "2000", "--metrics-addr", fmt::format("127.0.0.1:{}", metrics_port)}));
   ASSERT_TRUE(WaitStreaming(second, seconds(120))) << second.LogTail();
@@ -281,7 +281,7 @@ TEST_F(ExactlyOnce, KillInsideAHugeTransactionAndInTheBackfillPublishesEachRowOn
 }
 
 TEST_F(ExactlyOnce, BrokerRestartAndPostgresImmediateRestartDuringOpenTransactions) {
-  ThrowawayPostgres cluster(FreeLocalPort(56700 + static_cast<int>(getpid() % 300)),
+  ThrowawayPostgres cluster(FreeLocalPort(26700 + static_cast<int>(getpid() % 300)),
                             "-c wal_level=logical -c wal_sender_timeout=5s -c max_wal_senders=4 "
                             "-c max_replication_slots=4");
   ThrowawayKafka broker;

@@ -60,7 +60,7 @@ class Failover : public RelayTest {};
 TEST_F(Failover, PrimaryCrashesUnderLoadAndTheStandbyIsPromoted) {
   const int major = TestPgVersion();
   const bool failover_slots = major >= 17;
-  const int base = 55640 + static_cast<int>(getpid() % 40);
+  const int base = 25640 + static_cast<int>(getpid() % 40);
   const std::string common =
       "-c wal_level=logical -c max_wal_senders=10 -c max_replication_slots=10 "
       "-c hot_standby=on -c wal_keep_size=512MB";

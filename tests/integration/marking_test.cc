@@ -29,7 +29,7 @@ using std::chrono::seconds;
 class Marking : public RelayTest {};
 
 TEST_F(Marking, RowDecodedBeforeItIsVisibleIsStillMarked) {
-  ThrowawayPostgres cluster(FreeLocalPort(56100 + static_cast<int>(getpid() % 500)),
+  ThrowawayPostgres cluster(FreeLocalPort(26100 + static_cast<int>(getpid() % 500)),
                             "-c wal_level=logical -c synchronous_standby_names=it_no_such_standby "
                             "-c synchronous_commit=local -c max_wal_senders=4 "
                             "-c max_replication_slots=4");

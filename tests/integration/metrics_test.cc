@@ -42,7 +42,7 @@ class Metrics : public RelayTest {
 
 TEST_F(Metrics, KnownWorkloadGivesTheSeedsMetricsAndHealth) {
   CreateTables();
-  const int port = FreeLocalPort(47000);
+  const int port = FreeLocalPort(17000);
   const std::string addr = fmt::format("127.0.0.1:{}", port);
   RelayProcess& relay = StartRelay({"--metrics-addr", addr, "--row-count-interval-s", "1"});
   ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();

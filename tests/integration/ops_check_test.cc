@@ -1,7 +1,7 @@
 // `outbox-relay check`: passes (exit 0) on the project's services with a
 // proper table, also while a relay holds the slot; fails (exit 1) with the fix
 // on a server with wal_level = replica (a throwaway PostgreSQL 15 cluster,
-// support/throwaway_pg.h, on 127.0.0.1:55499 or the next free port) and on a
+// support/throwaway_pg.h, on 127.0.0.1:25499 or the next free port) and on a
 // missing table.
 #include <fmt/format.h>
 
@@ -110,7 +110,7 @@ TEST_F(OpsCheck, FailsOnAMissingTable) {
 TEST_F(OpsCheck, FailsOnWalLevelReplicaAndSaysHowToFixIt) {
   std::unique_ptr<ThrowawayPostgres> cluster;
   try {
-    cluster = std::make_unique<ThrowawayPostgres>(FreeLocalPort(55499), "-c wal_level=replica");
+    cluster = std::make_unique<ThrowawayPostgres>(FreeLocalPort(25499), "-c wal_level=replica");
   } catch (const std::exception& e) {
     FAIL() << "cannot start the throwaway PostgreSQL 15 cluster: " << e.what();
   }

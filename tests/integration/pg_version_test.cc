@@ -39,7 +39,7 @@ TEST_F(PgVersion, TheServerIsTheMajorUnderTest) {
   EXPECT_EQ(ServerMajor(*db_), major)
       << "DATABASE_URL's server is not PostgreSQL " << major
       << " (OUTBOX_PG_VERSION): eval \"$(scripts/services env)\" after switching";
-  ThrowawayPostgres cluster(FreeLocalPort(55660 + static_cast<int>(getpid() % 30)), "");
+  ThrowawayPostgres cluster(FreeLocalPort(25660 + static_cast<int>(getpid() % 30)), "");
   Pg cdb(cluster.url());
   EXPECT_EQ(ServerMajor(cdb), major) << "a test's own cluster runs another major";
   fmt::print("PostgreSQL {} (services and throwaway clusters): {}\n", major,
@@ -149,7 +149,7 @@ TEST_F(PgVersion, FailoverSlotFlagNeedsSeventeen) {
 
 TEST_F(PgVersion, IdleTimeoutInvalidationOfEighteenIsReconciled) {
   const int major = TestPgVersion();
-  ThrowawayPostgres cluster(FreeLocalPort(55660 + static_cast<int>(getpid() % 30)),
+  ThrowawayPostgres cluster(FreeLocalPort(25660 + static_cast<int>(getpid() % 30)),
                             std::string("-c wal_level=logical -c max_wal_senders=4 "
                                         "-c max_replication_slots=4") +
                                 (major >= 18 ? " -c idle_replication_slot_timeout=1" : ""));

@@ -75,7 +75,7 @@ TxSpec SmallTx(std::mt19937_64& rng) {
 TEST_F(ResilienceKafka, BrokerDownLongerThanWalSenderTimeout) {
   constexpr auto kOutage = seconds(12);
   constexpr long kRssBoundKb = 256 * 1024;
-  ThrowawayPostgres cluster(FreeLocalPort(56700 + static_cast<int>(getpid() % 300)),
+  ThrowawayPostgres cluster(FreeLocalPort(26700 + static_cast<int>(getpid() % 300)),
                             "-c wal_level=logical -c wal_sender_timeout=5s -c max_wal_senders=4 "
                             "-c max_replication_slots=4");
   ThrowawayKafka& broker = Broker();
@@ -193,7 +193,7 @@ TEST_F(ResilienceKafka, BrokerDownLongerThanWalSenderTimeout) {
 TEST_F(ResilienceKafka, UnknownTopicStopsThenCreateTopicsDelivers) {
   ThrowawayKafka& broker = Broker();
   CreateTables();
-  int metrics_port = FreeLocalPort(58100 + static_cast<int>(getpid() % 500));
+  int metrics_port = FreeLocalPort(28100 + static_cast<int>(getpid() % 500));
   RelayEnv env = {{"KAFKA_BROKERS", broker.brokers()}};
   // librdkafka waits topic.metadata.propagation.max.ms (30 s) before it
   // believes a topic is missing (a new topic may still be propagating); 3 s

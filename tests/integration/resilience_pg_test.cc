@@ -30,7 +30,7 @@ size_t Count(const std::string& text, const std::string& needle) {
 }
 
 TEST_F(ResiliencePg, RestartFastAndImmediateUnderLoad) {
-  ThrowawayPostgres cluster(FreeLocalPort(56400 + static_cast<int>(getpid() % 300)),
+  ThrowawayPostgres cluster(FreeLocalPort(26400 + static_cast<int>(getpid() % 300)),
                             "-c wal_level=logical -c max_wal_senders=4 -c max_replication_slots=4");
   db_ = std::make_unique<Pg>(cluster.url());
   CreateTables();

@@ -56,7 +56,7 @@ std::string LineWith(const std::string& log, const std::string& needle) {
 
 class ResilienceSlot : public RelayTest {
  protected:
-  int MetricsPort() { return FreeLocalPort(48000 + static_cast<int>(getpid() % 1000) * 2); }
+  int MetricsPort() { return FreeLocalPort(18000 + static_cast<int>(getpid() % 1000) * 2); }
 
   // The value of `metric` on the relay's /metrics (nullopt: no answer or no such metric).
   static std::optional<double> Scrape(int port, const std::string& metric) {
@@ -199,7 +199,7 @@ class ResilienceSlotInvalidated : public ResilienceSlot {
     ResilienceSlot::SetUp();
     if (HasFatalFailure()) return;
     cluster_ = std::make_unique<ThrowawayPostgres>(
-        FreeLocalPort(56700 + static_cast<int>(getpid() % 300)),
+        FreeLocalPort(26700 + static_cast<int>(getpid() % 300)),
         "-c wal_level=logical -c max_slot_wal_keep_size=1MB -c max_wal_senders=4 "
         "-c max_replication_slots=4 -c checkpoint_timeout=1h");
     // The fixture's helpers (unacked rows, slot position) read this cluster.

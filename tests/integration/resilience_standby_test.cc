@@ -41,7 +41,7 @@ HttpResponse PollHttp(int port, const std::string& path, Pred pred, milliseconds
 TEST_F(ResilienceStandby, KillNineActiveStandbyTakesOver) {
   constexpr int kTakeovers = 3;
   CreateTables();
-  int port = FreeLocalPort(47000 + static_cast<int>(getpid() % 1000) * 4);
+  int port = FreeLocalPort(17000 + static_cast<int>(getpid() % 1000) * 4);
   RelayProcess* active = &StartRelay({"--metrics-addr", Addr(port)});
   int active_port = port;
   ASSERT_TRUE(WaitStreaming(*active)) << active->LogTail();

@@ -154,7 +154,7 @@ TEST_F(SetupChecks, SecretsNeverReachTheLog) {
 
 TEST_F(SetupChecks, IdleConnectionsDoNotStarveHealthz) {
   CreateTables();
-  int port = FreeLocalPort(58900 + static_cast<int>(getpid() % 90));
+  int port = FreeLocalPort(28900 + static_cast<int>(getpid() % 90));
   RelayProcess& relay = StartRelay({"--metrics-addr", fmt::format("127.0.0.1:{}", port)});
   ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
   // Connections that never send a request (a port scan, a half-open check).

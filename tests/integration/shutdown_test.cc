@@ -88,7 +88,7 @@ class Shutdown : public RelayTest {
 std::unique_ptr<ThrowawayKafka> Shutdown::broker_;
 
 TEST_F(Shutdown, DuringSetupWhileTheDatabaseIsUnreachable) {
-  int port = FreeLocalPort(58700 + static_cast<int>(getpid() % 200));
+  int port = FreeLocalPort(28700 + static_cast<int>(getpid() % 200));
   RelayEnv env = {{"DATABASE_URL", fmt::format("postgresql://postgres@127.0.0.1:{}/x", port)}};
   RelayProcess& relay = StartRelay(Args(), env);
   ASSERT_TRUE(relay.WaitForLog("setup:", seconds(20))) << relay.LogTail();

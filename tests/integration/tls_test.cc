@@ -71,7 +71,7 @@ class TlsPostgres : public RelayTest {
     if (HasFatalFailure()) return;
     ca_ = std::make_unique<TestCa>();
     cluster_ = std::make_unique<ThrowawayPostgres>(
-        FreeLocalPort(55670 + static_cast<int>(getpid() % 20)),
+        FreeLocalPort(25670 + static_cast<int>(getpid() % 20)),
         "-c wal_level=logical -c max_wal_senders=6 -c max_replication_slots=4");
     Pg admin(cluster_->url());
     admin.Exec("SET password_encryption = 'scram-sha-256'");
@@ -110,7 +110,7 @@ class TlsPostgres : public RelayTest {
 
 TEST_F(TlsPostgres, VerifyFullWithScramStreamsAndNoSecretIsShown) {
   CreateTables();
-  const int metrics_port = FreeLocalPort(47400 + static_cast<int>(getpid() % 300));
+  const int metrics_port = FreeLocalPort(17400 + static_cast<int>(getpid() % 300));
   RelayEnv env = {{"DATABASE_URL", RelayUrl(ca_->ca_cert())}};
   RelayProcess& relay = StartRelay(
       {"--metrics-addr", fmt::format("127.0.0.1:{}", metrics_port), "--row-count-interval-s", "1"},
@@ -274,7 +274,7 @@ std::unique_ptr<ThrowawayKafka> TlsKafka::broker_;
 TEST_F(TlsKafka, SaslOverTlsDeliversAndNoSecretIsShown) {
   Broker();
   CreateTables();
-  const int metrics_port = FreeLocalPort(47400 + static_cast<int>(getpid() % 300));
+  const int metrics_port = FreeLocalPort(17400 + static_cast<int>(getpid() % 300));
   std::vector<std::string> args = KafkaArgs(kKafkaPassword);
   args.insert(args.end(), {"--metrics-addr", fmt::format("127.0.0.1:{}", metrics_port),
                            "--create-topics", "true"});

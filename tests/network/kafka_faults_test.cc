@@ -39,7 +39,7 @@ class NetworkKafka : public RelayTest {
     proxy_ = std::make_unique<Toxiproxy>();
     KafkaClusterOptions o;
     o.nodes = 3;
-    int base = 58700 + static_cast<int>(::getpid() % 40) * 4;
+    int base = 28700 + static_cast<int>(::getpid() % 40) * 4;
     o.advertise = [this, base](size_t node, int client_port) {
       return proxy_->CreateProxy(fmt::format("kafka{}", node),
                                  FreeLocalPort(base + static_cast<int>(node)),

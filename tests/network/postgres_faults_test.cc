@@ -44,7 +44,7 @@ class NetworkPg : public RelayTest {
   void SetUp() override {
     RelayTest::SetUp();
     proxy_ = std::make_unique<Toxiproxy>();
-    int base = 58600 + static_cast<int>(::getpid() % 40) * 2;
+    int base = 28600 + static_cast<int>(::getpid() % 40) * 2;
     std::string upstream = network::HostPort(env_.database_url);
     repl_addr_ = proxy_->CreateProxy("pg_repl", FreeLocalPort(base), upstream);
     sql_addr_ = proxy_->CreateProxy("pg_sql", FreeLocalPort(base + 100), upstream);

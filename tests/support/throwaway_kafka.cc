@@ -173,7 +173,7 @@ void ThrowawayKafka::Create() {
       port_ = node_->internal_port;
       controller_port_ = node_->controller_port;
     } else {
-      port_ = FreeLocalPort(57100 + static_cast<int>(::getpid() % 700));
+      port_ = FreeLocalPort(27100 + static_cast<int>(::getpid() % 700));
       controller_port_ = FreeLocalPort(port_ + 1);
     }
     extra_port_ = FreeLocalPort(std::max(controller_port_, node_ ? node_->client_port : 0) + 1);
@@ -472,7 +472,7 @@ struct Metadata {
 KafkaCluster::KafkaCluster(KafkaClusterOptions options) {
   const int n = options.nodes;
   std::vector<KafkaNodeSpec> specs(static_cast<size_t>(n));
-  int next = 57800 + static_cast<int>(::getpid() % 600);
+  int next = 27800 + static_cast<int>(::getpid() % 600);
   std::string voters;
   std::string cluster_id = RandomClusterId();
   for (int i = 0; i < n; ++i) {

@@ -132,6 +132,11 @@ std::string PgBinDir(int major) {
 }
 
 int FreeLocalPort(int first) {
+  if (first < 1024 || first + 200 > kFirstEphemeralPort) {
+    throw std::logic_error(
+        fmt::format("FreeLocalPort({}): test ports stay in 1024..{} (below the ephemeral range)",
+                    first, kFirstEphemeralPort - 1));
+  }
   for (int p = first; p < first + 200; ++p) {
     if (PortFree(p)) return p;
   }

@@ -75,7 +75,13 @@ class ThrowawayPostgres {
   bool started_ = false;
 };
 
-// A TCP port on 127.0.0.1 nobody listens on now (from `first` on).
+// A TCP port on 127.0.0.1 nobody listens on now (from `first` on), below
+// Linux's ephemeral range (32768-60999 by default): a port in that range can
+// become the local end of any outgoing connection between a stop and a
+// restart on the same port (seen in CI: "throwaway kafka: port 57342 is
+// taken" after a broker was killed and started again). A `first` whose 200
+// candidates reach into the range is a mistake in the test (std::logic_error).
+inline constexpr int kFirstEphemeralPort = 32768;
 int FreeLocalPort(int first);
 
 }  // namespace outbox_test

@@ -126,7 +126,7 @@ Toxiproxy::Toxiproxy() {
   char tmpl[] = "/tmp/outbox-it-toxiproxy-XXXXXX";
   if (::mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
   dir_ = tmpl;
-  api_port_ = FreeLocalPort(58400 + static_cast<int>(::getpid() % 400));
+  api_port_ = FreeLocalPort(28400 + static_cast<int>(::getpid() % 400));
   std::string port = std::to_string(api_port_);
   int fd = ::open((dir_ + "/server.log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) throw std::runtime_error("open server.log: " + std::string(std::strerror(errno)));
