@@ -148,6 +148,12 @@ void AddRunFlags(CLI::App& app, RelayConfig& c) {
   app.add_option("--marker-batch", c.marker_batch, "Transactions marked per statement, at most")
       ->envname("OUTBOX_MARKER_BATCH")
       ->capture_default_str();
+  app.add_option("--marker-interval-ms", c.marker_interval_ms,
+                 "A marking statement gathers the transactions delivered within this time "
+                 "(fewer statements at a steady rate; delays confirmation, not Kafka; 0: mark "
+                 "at once)")
+      ->envname("OUTBOX_MARKER_INTERVAL_MS")
+      ->capture_default_str();
   app.add_option("--status-interval-ms", c.status_interval_ms,
                  "Standby status update interval (keep well below wal_sender_timeout)")
       ->envname("OUTBOX_STATUS_INTERVAL_MS")
@@ -613,6 +619,9 @@ Status Validate(RelayConfig& c) {
   }
   if (c.max_in_flight < 1) return Bad("--max-in-flight", "OUTBOX_MAX_IN_FLIGHT", "must be >= 1");
   if (c.marker_batch < 1) return Bad("--marker-batch", "OUTBOX_MARKER_BATCH", "must be >= 1");
+  if (c.marker_interval_ms < 0 || c.marker_interval_ms > 1000) {
+    return Bad("--marker-interval-ms", "OUTBOX_MARKER_INTERVAL_MS", "must be 0..1000");
+  }
   if (c.status_interval_ms < 10 || c.status_interval_ms > 60000) {
     return Bad("--status-interval-ms", "OUTBOX_STATUS_INTERVAL_MS", "must be 10..60000");
   }

@@ -106,6 +106,12 @@ void Marker::Loop() {
     // Only transactions waiting to become visible: look again soon.
     auto wait = batch.empty() ? std::chrono::milliseconds(50) : std::chrono::milliseconds(2);
     tracker_->TakeDelivered(&batch, std::max(options_.batch_max, batch.size()), wait);
+    if (!batch.empty() && batch.size() < options_.batch_max && options_.interval.count() > 0 &&
+        !stopping_.load()) {
+      // Batch by time: what is delivered meanwhile joins this statement.
+      tracker_->WaitDelivered(options_.batch_max - batch.size(), options_.interval);
+      tracker_->TakeDelivered(&batch, options_.batch_max, std::chrono::milliseconds(0));
+    }
     if (batch.empty()) {
       if (options_.progress != nullptr && (conn_ || Connect())) {
         if (auto st = options_.progress->Idle(*conn_); !st) {
@@ -233,6 +239,7 @@ Status Marker::MarkBatch(const std::vector<tracking::Transaction*>& batch,
     (visible ? marked : not_visible)->push_back(tx);
   }
   batches_.fetch_add(1, std::memory_order_relaxed);
+  if (options_.on_statement) options_.on_statement(batch.size());
   transactions_.fetch_add(marked->size(), std::memory_order_relaxed);
   rows_marked_.fetch_add(rows, std::memory_order_relaxed);
   return Ok();

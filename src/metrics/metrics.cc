@@ -137,6 +137,14 @@ Metrics::Metrics(std::string service)
                       "(exactly-once delivery: marked, not produced again)")
                   .Register(reg)
                   .Add(svc);
+  marker_statements_ = &BuildCounter()
+                            .Name("outbox_relay_marker_statements_total")
+                            .Help(
+                                "Marking statements run: each marks the rows and indexes the "
+                                "commits of the transactions delivered within "
+                                "--marker-interval-ms")
+                            .Register(reg)
+                            .Add(svc);
   pipeline_restarts_ = &BuildCounter()
                             .Name("outbox_relay_pipeline_restarts_total")
                             .Help(

@@ -192,6 +192,12 @@ void AckTracker::TakeDelivered(std::vector<Transaction*>* out, size_t max,
   }
 }
 
+void AckTracker::WaitDelivered(size_t count, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  const uint64_t woken = wakes_;
+  delivered_.wait_for(lock, timeout, [&] { return to_mark_.size() >= count || wakes_ != woken; });
+}
+
 void AckTracker::OnMarked(const std::vector<Transaction*>& txs) {
   std::lock_guard lock(mu_);
   for (Transaction* tx : txs) {
@@ -285,6 +291,7 @@ bool AckTracker::WaitEmpty(std::chrono::milliseconds timeout) {
 
 void AckTracker::Wake() {
   std::lock_guard lock(mu_);
+  ++wakes_;
   progress_.notify_all();
   delivered_.notify_all();
 }

@@ -60,6 +60,15 @@ struct MarkerOptions {
   ProgressWriter* progress = nullptr;  // not owned; outlives the marker
   std::string slot_name;
   size_t batch_max = 2000;  // transactions per statement
+  // After the first delivered transaction, the marker waits this long for
+  // more before its statement (unless batch_max are waiting): at a steady
+  // rate one statement marks many transactions instead of one each. Delays
+  // marking and confirmation (WAL retention, what a crash re-sends), never
+  // Kafka. Zero: mark at once.
+  std::chrono::milliseconds interval{0};
+  // Called on the marker's thread after every marking statement that
+  // succeeded, with the number of transactions it was given (metrics).
+  std::function<void(size_t transactions)> on_statement;
   // Connect and statement timeouts: a black-holed connection fails its
   // statement and is replaced (pg::NetworkOptions).
   pg::NetworkOptions network;

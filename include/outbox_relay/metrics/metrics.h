@@ -69,6 +69,7 @@ class Metrics {
   prometheus::Histogram& kafka_transaction_commit() { return *kafka_txn_commit_; }
   prometheus::Counter& rows_already_in_kafka() { return *skipped_; }
   prometheus::Counter& pipeline_restarts() { return *pipeline_restarts_; }
+  prometheus::Counter& marker_statements() { return *marker_statements_; }
 
  private:
   std::string service_;
@@ -84,6 +85,7 @@ class Metrics {
   prometheus::Gauge *heartbeat_, *standby_, *streaming_, *last_commit_time_;
   prometheus::Counter *transactions_, *reconnects_, *slot_lost_, *backfilled_;
   prometheus::Counter *kafka_txns_committed_, *kafka_txns_aborted_, *skipped_;
+  prometheus::Counter* marker_statements_;
   prometheus::Histogram* kafka_txn_commit_;
   prometheus::Counter* pipeline_restarts_;
 

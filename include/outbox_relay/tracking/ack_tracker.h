@@ -143,6 +143,9 @@ class AckTracker {
   // Waits up to `timeout` for delivered transactions and moves up to `max` of
   // them (in the order they were delivered) into `*out`.
   void TakeDelivered(std::vector<Transaction*>* out, size_t max, std::chrono::milliseconds timeout);
+  // Waits up to `timeout` until `count` more transactions are delivered than
+  // the marker has taken, or Wake is called; moves nothing.
+  void WaitDelivered(size_t count, std::chrono::milliseconds timeout);
   void OnMarked(const std::vector<Transaction*>& txs);
 
   // --- delivery deadline (any thread) ---
@@ -192,6 +195,7 @@ class AckTracker {
   mutable std::mutex mu_;
   std::condition_variable progress_;                    // deliveries, marks, confirmations
   std::condition_variable delivered_;                   // for the marker
+  uint64_t wakes_ = 0;                                  // Wake calls (ends WaitDelivered)
   std::deque<std::unique_ptr<Transaction>> in_flight_;  // stream order
   std::deque<Transaction*> to_mark_;                    // delivered, not taken yet
   std::atomic<size_t> awaiting_mark_{0};                // written under mu_, read without it

@@ -395,5 +395,39 @@ TEST(AckTracker, AbortedKafkaTransactionAbandonsItsTransactionsUnmarked) {
   EXPECT_EQ(t.confirmed(), Lsn(100)) << "b never confirms";
 }
 
+TEST(AckTracker, WaitDeliveredReturnsAtTheCountTheTimeoutOrAWake) {
+  using Clock = std::chrono::steady_clock;
+  using std::chrono::milliseconds;
+  AckTracker t(Lsn(1));
+  Transaction* a = AddTx(t, 100, 1);
+  Transaction* b = AddTx(t, 200, 1);
+  t.OnDelivered(a);
+  auto t0 = Clock::now();
+  t.WaitDelivered(1, milliseconds(5000));
+  EXPECT_LT(Clock::now() - t0, milliseconds(1000)) << "one is delivered already";
+  t0 = Clock::now();
+  t.WaitDelivered(2, milliseconds(100));
+  EXPECT_GE(Clock::now() - t0, milliseconds(90)) << "only one is delivered: the timeout";
+  std::thread deliver([&] {
+    std::this_thread::sleep_for(milliseconds(50));
+    t.OnDelivered(b);
+  });
+  t0 = Clock::now();
+  t.WaitDelivered(2, milliseconds(5000));
+  EXPECT_LT(Clock::now() - t0, milliseconds(2000)) << "the second delivery ends the wait";
+  deliver.join();
+  std::thread wake([&] {
+    std::this_thread::sleep_for(milliseconds(50));
+    t.Wake();
+  });
+  t0 = Clock::now();
+  t.WaitDelivered(10, milliseconds(5000));
+  EXPECT_LT(Clock::now() - t0, milliseconds(2000)) << "Wake (shutdown) ends the wait";
+  wake.join();
+  std::vector<Transaction*> taken;
+  t.TakeDelivered(&taken, 10, milliseconds(0));
+  EXPECT_EQ(taken.size(), 2u) << "waiting moves nothing";
+}
+
 }  // namespace
 }  // namespace outbox_relay::tracking
