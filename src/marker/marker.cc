@@ -29,12 +29,21 @@ std::string Marker::MarkSql(const MarkerOptions& o) {
   // the transactions visible in this statement's snapshot are marked and
   // indexed; the others come back in the last column and are retried.
   // No acked column (watermill-sql's tables): the commit index only.
+  //
+  // Rows are found by primary key, never through an index on the acked
+  // column: "({acked} + 0) IS NULL" hides the column from the seed's partial
+  // index ON outbox (offset_acked) WHERE offset_acked IS NULL. That index
+  // keeps an entry for every row inserted since the last VACUUM (a row
+  // enters it as NULL; marking moves the row out, not the entry), while the
+  // statistics say it is nearly empty — so the planner scanned all of it for
+  // every transaction of a batch: 2.2 ms per transaction on a table with
+  // 67,000 stale entries, against 0.07 ms by primary key.
   const std::string marked = o.acked_column.empty()
                                  ? std::string("SELECT 1 WHERE false")
                                  : fmt::format(
                                        "UPDATE {table} o SET {acked} = o.{offset} FROM runs r"
                                        " WHERE o.{xid} = r.x AND o.{offset} BETWEEN r.first AND "
-                                       "r.last AND o.{acked} IS NULL"
+                                       "r.last AND (o.{acked} + 0) IS NULL"
                                        " AND r.x IN (SELECT x FROM visible) RETURNING 1",
                                        fmt::arg("table", o.table.Quoted()),
                                        fmt::arg("acked", pg::QuoteIdent(o.acked_column)),
@@ -68,6 +77,7 @@ Status Marker::Connect() {
   auto conn = pg::Connection::Open(options_.database_url, pg::Connection::Mode::kNormal,
                                    "outbox-relay-marker", options_.network);
   if (!conn) return std::unexpected(conn.error());
+  if (auto set = conn->Exec(kSessionSettings); !set) return std::unexpected(set.error());
   if (auto st = conn->Prepare(kStatementName, MarkSql(options_), 9); !st) return st;
   conn_.emplace(std::move(*conn));
   return Ok();
