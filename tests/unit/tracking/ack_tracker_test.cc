@@ -429,5 +429,60 @@ TEST(AckTracker, WaitDeliveredReturnsAtTheCountTheTimeoutOrAWake) {
   EXPECT_EQ(taken.size(), 2u) << "waiting moves nothing";
 }
 
+// The delivery deadline: measured from the newest message the oldest
+// undelivered transaction handed over (all of its messages are that old).
+TEST(AckTracker, ExpireOverdueFailsTheOldestUnreportedTransactionRetryably) {
+  AckTracker t(Lsn(1));
+  Transaction* done = AddTx(t, 100, 1);
+  t.OnDelivered(done);
+  Transaction* a = AddTx(t, 200, 2);
+  t.OnDelivered(a);  // one of its two reported
+  const auto handed =
+      std::chrono::steady_clock::time_point(std::chrono::nanoseconds(a->last_message_ns.load()));
+  EXPECT_EQ(t.ExpireOverdue(handed + 50ms, 100ms), std::nullopt) << "not yet 100 ms old";
+  EXPECT_FALSE(t.failure());
+  std::optional<std::string> why = t.ExpireOverdue(handed + 150ms, 100ms);
+  ASSERT_TRUE(why);
+  EXPECT_NE(why->find("1 record(s) of transaction xid 200"), std::string::npos) << *why;
+  EXPECT_EQ(t.failure(), why);
+  EXPECT_TRUE(t.failure_retryable());
+  EXPECT_EQ(t.ExpireOverdue(handed + 10s, 100ms), std::nullopt) << "one failure is reported once";
+  // The late acknowledgement does not let the expired transaction confirm.
+  t.OnDelivered(a);
+  MarkAll(t);
+  EXPECT_EQ(t.confirmed(), Lsn(100));
+}
+
+TEST(AckTracker, ExpireOverdueIgnoresDeliveredTransactions) {
+  AckTracker t(Lsn(1));
+  Transaction* a = AddTx(t, 100, 3);
+  for (int i = 0; i < 3; ++i) t.OnDelivered(a);
+  EXPECT_EQ(t.ExpireOverdue(std::chrono::steady_clock::now() + 1h, 1ms), std::nullopt);
+  EXPECT_FALSE(t.failure());
+}
+
+TEST(AckTracker, RestartForgetsTheFlightOnceTheMarkerHoldsNothing) {
+  AckTracker t(Lsn(1));
+  Transaction* a = AddTx(t, 100, 1);
+  Transaction* b = AddTx(t, 200, 1);
+  t.OnDelivered(a);  // delivered, not yet marked: the marker holds it
+  t.OnFailed(b, "broker went away", /*retryable=*/true);
+  ASSERT_TRUE(t.failure_retryable());
+  EXPECT_FALSE(t.Restart()) << "a is still with the marker";
+  EXPECT_FALSE(t.empty());
+  EXPECT_EQ(MarkAll(t), 1u);
+  EXPECT_EQ(t.confirmed(), Lsn(100)) << "a confirms; the failed b stops confirmation";
+  EXPECT_TRUE(t.Restart());
+  EXPECT_TRUE(t.empty());
+  EXPECT_FALSE(t.failure());
+  EXPECT_EQ(t.stats().rows_in_flight, 0);
+  EXPECT_EQ(t.confirmed(), Lsn(100)) << "the stream restarts here and sends b again";
+  // b again, from the slot: now it goes through.
+  Transaction* again = AddTx(t, 200, 1);
+  t.OnDelivered(again);
+  EXPECT_EQ(MarkAll(t), 1u);
+  EXPECT_EQ(t.confirmed(), Lsn(200));
+}
+
 }  // namespace
 }  // namespace outbox_relay::tracking
