@@ -22,10 +22,6 @@ std::string FatalErrorText(rd_kafka_resp_err_t fatal, const char* reason) {
   return fmt::format("Kafka producer fatal error: {}: {}", rd_kafka_err2name(fatal), reason);
 }
 
-}  // namespace
-
-namespace {
-
 using std::chrono::milliseconds;
 
 // librdkafka's own default batch.size.

@@ -249,7 +249,7 @@ Status Marker::MarkBatch(const std::vector<tracking::Transaction*>& batch,
     (visible ? marked : not_visible)->push_back(tx);
   }
   batches_.fetch_add(1, std::memory_order_relaxed);
-  if (options_.on_statement) options_.on_statement(batch.size());
+  if (options_.on_statement) options_.on_statement();
   transactions_.fetch_add(marked->size(), std::memory_order_relaxed);
   rows_marked_.fetch_add(rows, std::memory_order_relaxed);
   return Ok();

@@ -67,8 +67,8 @@ struct MarkerOptions {
   // Kafka. Zero: mark at once.
   std::chrono::milliseconds interval{0};
   // Called on the marker's thread after every marking statement that
-  // succeeded, with the number of transactions it was given (metrics).
-  std::function<void(size_t transactions)> on_statement;
+  // succeeded (metrics).
+  std::function<void()> on_statement;
   // Connect and statement timeouts: a black-holed connection fails its
   // statement and is replaced (pg::NetworkOptions).
   pg::NetworkOptions network;
