@@ -152,8 +152,14 @@ TEST_F(ImageRelay, DeliversTheWorkloadByteForByteAsTheBareBinary) {
   ASSERT_NO_FATAL_FAILURE(WriteMixedWorkload(Workload(), &ledger));
   std::vector<WrittenRow> committed = ledger.committed();
   ASSERT_EQ(committed.size(), 4000u);
+  const uint64_t wal_after_load = CurrentWalLsn(*db_);
   EXPECT_EQ(WaitAllAcked(seconds(60)), 0) << DescribeUnacked();
   EXPECT_EQ(MisackedRows(), 0);
+  // Both relays mark the same rows, so the rows being marked says nothing of
+  // the slower one: wait until each has confirmed the workload, which it does
+  // only once it has delivered, marked and indexed every transaction of it.
+  EXPECT_GE(WaitConfirmedAtLeast(wal_after_load, seconds(60)), wal_after_load);
+  EXPECT_GE(WaitConfirmedAtLeast(wal_after_load, seconds(60), name_ + "_bare"), wal_after_load);
   CheckCommitIndex(ledger);
 
   std::vector<KafkaRecord> all = ReadTopics({.timeout = seconds(90)});

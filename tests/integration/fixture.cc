@@ -198,10 +198,11 @@ int64_t RelayTest::WaitAllAcked(std::chrono::milliseconds timeout) {
   }
 }
 
-uint64_t RelayTest::WaitConfirmedAtLeast(uint64_t lsn, std::chrono::milliseconds timeout) {
+uint64_t RelayTest::WaitConfirmedAtLeast(uint64_t lsn, std::chrono::milliseconds timeout,
+                                         const std::string& slot_name) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   while (true) {
-    auto slot = QuerySlot(*db_, name_);
+    auto slot = QuerySlot(*db_, slot_name.empty() ? name_ : slot_name);
     uint64_t confirmed = slot && slot->confirmed_flush_lsn ? *slot->confirmed_flush_lsn : 0;
     if (confirmed >= lsn || std::chrono::steady_clock::now() >= deadline) return confirmed;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));

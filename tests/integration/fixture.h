@@ -67,8 +67,10 @@ class RelayTest : public ::testing::Test {
   std::string DescribeUnacked();
   int64_t MisackedRows();
 
-  // Polls the slot until confirmed_flush_lsn >= `lsn`; returns the last value seen.
-  uint64_t WaitConfirmedAtLeast(uint64_t lsn, std::chrono::milliseconds timeout);
+  // Polls the slot (default: the fixture's) until confirmed_flush_lsn >= `lsn`;
+  // returns the last value seen.
+  uint64_t WaitConfirmedAtLeast(uint64_t lsn, std::chrono::milliseconds timeout,
+                                const std::string& slot = "");
 
   // The commit-LSN index (outbox_relay.commits) against the committed
   // transactions: one row per transaction with outbox rows, one xid, the right
