@@ -10,6 +10,7 @@
 #include "outbox_relay/app/logging.h"
 #include "outbox_relay/app/relay.h"
 #include "outbox_relay/app/signals.h"
+#include "outbox_relay/core/failpoint.h"
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -29,6 +30,10 @@ int main(int argc, char** argv) {
 
   app.add_subcommand("version", "Print the version")->callback([] {
     std::printf("outbox-relay %s\n", OUTBOX_RELAY_VERSION);
+    if constexpr (outbox_relay::failpoint::kCompiledIn) {
+      std::printf("a test build: failpoints compiled in (%s), not for production\n",
+                  outbox_relay::failpoint::kVariable);
+    }
   });
 
   try {
@@ -43,6 +48,11 @@ int main(int argc, char** argv) {
 
   if (run->parsed()) {
     outbox_relay::app::SetupLogging(config.log);
+    if (auto fault = outbox_relay::failpoint::Requested();
+        fault && !outbox_relay::failpoint::kCompiledIn) {
+      spdlog::warn("{} is set and ignored: this build has no failpoints",
+                   outbox_relay::failpoint::kVariable);
+    }
     if (auto st = outbox_relay::app::Validate(config); !st) {
       spdlog::error("{}", st.error().message);
       return 2;

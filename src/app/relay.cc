@@ -9,6 +9,7 @@
 
 #include "outbox_relay/app/commands.h"
 #include "outbox_relay/app/failover.h"
+#include "outbox_relay/core/failpoint.h"
 #include "outbox_relay/kafka/admin.h"
 #include "outbox_relay/kafka/committed_reader.h"
 #include "outbox_relay/kafka/producer.h"
@@ -161,14 +162,14 @@ Status Relay::Prepare() {
     }
   }
 
-  // Test-only faults, so the fault tests can show what they would catch.
-  if (const char* env = std::getenv("OUTBOX_TEST_FAULT")) {
-    std::string_view fault(env);
-    if (fault == "confirm-newest") {
+  // Test-only faults (core/failpoint.h), so the fault tests can show what they would catch.
+  if constexpr (failpoint::kCompiledIn) {
+    if (failpoint::Active("confirm-newest")) {
       spdlog::warn("TEST FAULT confirm-newest: the confirmation rule is broken on purpose");
       tracker_->EnableUnsafeConfirmNewest();
-    } else if (fault.starts_with("fatal-after:")) {
-      fatal_after_ = std::stoull(std::string(fault.substr(12)));
+    }
+    if (auto after = failpoint::Active("fatal-after")) {
+      fatal_after_ = std::stoull(std::string(*after));
       spdlog::warn("TEST FAULT: fatal producer error after {} records", fatal_after_);
     }
   }
@@ -622,10 +623,11 @@ pipeline::TransactionOptions Relay::TransactionOptionsOf() const {
   to.key = transactional_id_;
   to.interval = milliseconds(config_.txn_interval_ms);
   to.max_rows = config_.txn_max_rows;
-  if (const char* fault = std::getenv("OUTBOX_TEST_FAULT");
-      fault != nullptr && std::string_view(fault) == "eos-no-skip") {
-    spdlog::warn("TEST FAULT eos-no-skip: what Kafka already has is produced again");
-    to.skip_committed = false;
+  if constexpr (failpoint::kCompiledIn) {
+    if (failpoint::Active("eos-no-skip")) {
+      spdlog::warn("TEST FAULT eos-no-skip: what Kafka already has is produced again");
+      to.skip_committed = false;
+    }
   }
   return to;
 }

@@ -5,6 +5,8 @@
 #include <array>
 #include <charconv>
 
+#include "outbox_relay/core/failpoint.h"
+
 namespace outbox_relay::kafka {
 
 namespace {
@@ -398,8 +400,10 @@ Result<Sink::Accepted> KafkaProducer::Produce(const outbox::KafkaRecord& record,
 }
 
 void KafkaProducer::InjectFatalErrorForTest() {
-  rd_kafka_test_fatal_error(handle(), RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
-                            "injected by OUTBOX_TEST_FAULT");
+  if constexpr (failpoint::kCompiledIn) {
+    rd_kafka_test_fatal_error(handle(), RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
+                              "injected by OUTBOX_TEST_FAULT");
+  }
 }
 
 Status KafkaProducer::Flush(std::chrono::milliseconds timeout) {

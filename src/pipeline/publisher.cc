@@ -4,6 +4,8 @@
 
 #include <utility>
 
+#include "outbox_relay/core/failpoint.h"
+
 namespace outbox_relay::pipeline {
 
 namespace {
@@ -175,7 +177,7 @@ Status Publisher::Offer(const outbox::KafkaRecord& record, tracking::Transaction
     if (!accepted) return std::unexpected(accepted.error());
     if (*accepted == kafka::Sink::Accepted::kQueued) {
       uint64_t n = stats_->produced.fetch_add(1, std::memory_order_relaxed) + 1;
-      if (n == fatal_after_ && inject_fatal_) [[unlikely]] {
+      if (failpoint::kCompiledIn && n == fatal_after_ && inject_fatal_) [[unlikely]] {
         inject_fatal_();
       }
       return Ok();

@@ -356,6 +356,27 @@ TEST(Image, RuntimeIsSlim) {
   EXPECT_LT(mb, 160.0);
 }
 
+// The shipped binary is built without the test-only faults (OUTBOX_FAILPOINTS
+// =OFF in docker/Dockerfile): `version` does not call it a test build, the
+// faults' texts are not in it, and `run` says OUTBOX_TEST_FAULT is ignored.
+TEST(Image, ShipsWithoutTheTestFaults) {
+  ASSERT_NO_FATAL_FAILURE(UseImageEngine());
+  const std::string image = RelayImage();
+  CommandResult version =
+      Docker({"run", "--rm", "--network", "none", "--read-only", image, "version"});
+  ASSERT_EQ(version.status, 0) << version.output;
+  EXPECT_EQ(version.output.find("failpoints"), std::string::npos) << version.output;
+  CommandResult grep = Docker({"run", "--rm", "--network", "none", "--entrypoint", "grep", image,
+                               "-c", "TEST FAULT", "/usr/local/bin/outbox-relay"});
+  EXPECT_EQ(grep.output, "0\n") << "the shipped binary holds the test faults";
+  // A setting refused at start (no table): the warning comes first, then exit 2.
+  CommandResult run = Docker({"run", "--rm", "--network", "none", "--read-only", "-e",
+                              "OUTBOX_TEST_FAULT=confirm-newest", image, "run", "--table", ""});
+  EXPECT_EQ(run.status, 2) << run.output;
+  EXPECT_NE(run.output.find("OUTBOX_TEST_FAULT is set and ignored"), std::string::npos)
+      << run.output;
+}
+
 // The non-comment lines of a .dockerignore file.
 std::vector<std::string> IgnorePatterns(const std::string& path) {
   std::ifstream in(path);

@@ -90,6 +90,9 @@ TEST_F(Config, HelpAndVersionExitZero) {
     EXPECT_EQ(code, std::optional<int>(0)) << relay.LogTail(10);
     if (args[0] == "version") {
       EXPECT_NE(log.find("outbox-relay "), std::string::npos) << log;
+      // The tests' build has the test-only faults and says so (the image's does not:
+      // Image.ShipsWithoutTheTestFaults).
+      EXPECT_NE(log.find("a test build: failpoints compiled in"), std::string::npos) << log;
     } else {
       EXPECT_NE(log.find("Usage"), std::string::npos) << log;
     }

@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "outbox_relay/core/failpoint.h"
 #include "outbox_relay/core/lsn.h"
 #include "outbox_relay/core/pg_time.h"
 
@@ -94,7 +95,7 @@ class AckTracker {
   // every delivery report, confirm the end of the newest transaction received,
   // whatever is still in flight before it. Exists so the crash tests can prove
   // they detect loss.
-  void EnableUnsafeConfirmNewest() { unsafe_confirm_newest_ = true; }
+  void EnableUnsafeConfirmNewest() { unsafe_confirm_newest_ = failpoint::kCompiledIn; }
 
   // A new slot starts at a new position. Only while nothing is in flight.
   bool ResetConfirmed(Lsn position);
