@@ -489,7 +489,7 @@ int Relay::Run(const std::atomic<bool>& stop) {
     std::optional<pipeline::StreamSession> session;
     Status st = Stream(&session, &source);
     if (st) return Shutdown(&*session, false);
-    const Error err = st.error();
+    const Error err = std::move(st).error();
     pipeline::StreamSession* live = session ? &*session : nullptr;
     if (tracker_->failure_retryable() && !stop.load()) {
       // The open transaction was abandoned by Stream; the connection goes

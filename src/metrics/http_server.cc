@@ -59,7 +59,7 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string& address
   server->refresh_ = std::move(refresh);
   mg_init_library(0);
   // civetweb wants "host:port" as listening_ports; 0.0.0.0 means all IPv4.
-  std::string ports = address;
+  const std::string& ports = address;
   // Each connection holds a worker thread until its request arrives or
   // request_timeout_ms passes: with 2 workers, two idle connections (a port
   // scan, a half-open load-balancer check) starved /healthz and a liveness

@@ -81,7 +81,9 @@ Status StreamSession::Run() {
                     "the reply requested {:.1f} s ago; taking it for dead (bound {} ms, "
                     "--pg-receive-timeout-ms)",
                     static_cast<double>(silent->count()) / 1000,
-                    static_cast<double>(silent->count() - liveness_.bound().count() / 2) / 1000,
+                    (static_cast<double>(silent->count()) -
+                     static_cast<double>(liveness_.bound().count()) / 2) /
+                        1000,
                     liveness_.bound().count());
       }
       continue;
