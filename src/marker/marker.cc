@@ -99,10 +99,6 @@ void Marker::Stop(std::chrono::milliseconds timeout) {
   thread_.join();
 }
 
-MarkerStats Marker::stats() const {
-  return MarkerStats{batches_.load(), transactions_.load(), rows_marked_.load(), errors_.load()};
-}
-
 void Marker::Loop() {
   std::vector<tracking::Transaction*> batch;
   std::vector<tracking::Transaction*> marked;
@@ -139,7 +135,6 @@ void Marker::Loop() {
       if (st) st = MarkBatch(batch, &marked, &not_visible);
       if (st && options_.progress != nullptr) st = options_.progress->AfterMark(*conn_);
       if (st) break;
-      errors_.fetch_add(1);
       if (on_error_) on_error_(st.error());
       spdlog::warn("marker: {} (retrying in {} ms)", st.error().message, backoff.count());
       conn_.reset();
@@ -227,8 +222,6 @@ Status Marker::MarkBatch(const std::vector<tracking::Transaction*>& batch,
     return std::unexpected(std::move(e));
   }
   const pg::ResultHandle& res = *marked_rows;
-  uint64_t rows = 0;
-  if (auto v = pg::GetValue(res.get(), 0, 0)) rows = std::stoull(std::string(*v));
   // "{12,15}": the transaction ids not visible yet.
   invisible_.clear();
   std::string_view list = pg::GetValue(res.get(), 0, 2).value_or("{}");
@@ -248,10 +241,7 @@ Status Marker::MarkBatch(const std::vector<tracking::Transaction*>& batch,
         });
     (visible ? marked : not_visible)->push_back(tx);
   }
-  batches_.fetch_add(1, std::memory_order_relaxed);
   if (options_.on_statement) options_.on_statement();
-  transactions_.fetch_add(marked->size(), std::memory_order_relaxed);
-  rows_marked_.fetch_add(rows, std::memory_order_relaxed);
   return Ok();
 }
 

@@ -327,12 +327,13 @@ void Writer::OtherTableOnly(int rows) {
 // ---- LoadGenerator ------------------------------------------------------------------------
 
 LoadGenerator::LoadGenerator(WorkloadOptions options, Ledger* ledger, int writers, NextTx next,
-                             std::chrono::microseconds pause)
+                             std::chrono::microseconds pause, OnFailure on_failure)
     : options_(std::move(options)),
       ledger_(ledger),
       writers_(writers),
       next_(std::move(next)),
-      pause_(pause) {}
+      pause_(pause),
+      on_failure_(on_failure) {}
 
 LoadGenerator::~LoadGenerator() { Stop(); }
 
@@ -340,20 +341,30 @@ void LoadGenerator::Start() {
   stop_ = false;
   for (int w = 0; w < writers_; ++w) {
     uint64_t seed = std::random_device{}() * 7919ull + static_cast<uint64_t>(w);
-    threads_.emplace_back([this, seed] {
-      try {
-        Writer writer(options_, ledger_, -1, seed);
-        std::mt19937_64 rng(seed ^ 0x9E3779B97F4A7C15ull);
-        while (!stop_.load()) {
-          writer.Transaction(next_(rng));
-          transactions_.fetch_add(1);
-          if (pause_.count() > 0) std::this_thread::sleep_for(pause_);
-        }
-      } catch (const std::exception& e) {
-        std::lock_guard lock(mu_);
-        if (error_.empty()) error_ = e.what();
+    fmt::print("load: writer {} seed {}\n", w, seed);
+    threads_.emplace_back([this, seed] { Write(seed); });
+  }
+}
+
+void LoadGenerator::Write(uint64_t seed) {
+  std::mt19937_64 rng(seed ^ 0x9E3779B97F4A7C15ull);
+  uint64_t writer_seed = seed;
+  while (!stop_.load()) {
+    try {
+      Writer writer(options_, ledger_, -1, writer_seed);
+      while (!stop_.load()) {
+        writer.Transaction(next_(rng));
+        transactions_.fetch_add(1);
+        if (pause_.count() > 0) std::this_thread::sleep_for(pause_);
       }
-    });
+    } catch (const std::exception& e) {
+      failures_.fetch_add(1);
+      std::lock_guard lock(mu_);
+      if (error_.empty()) error_ = e.what();
+    }
+    if (on_failure_ == OnFailure::kStop) return;
+    if (!stop_.load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    writer_seed = rng();  // new aggregates for the new connection
   }
 }
 

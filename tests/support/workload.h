@@ -133,25 +133,44 @@ class Writer {
 class LoadGenerator {
  public:
   using NextTx = std::function<TxSpec(std::mt19937_64&)>;
+  // What a writer does when a statement fails: stop (the first error is
+  // Stop's result), or start over after 100 ms with a new connection and new
+  // aggregates (per-aggregate order stays checkable), for loads that must
+  // outlive the database going away. A transaction whose COMMIT got no answer
+  // may or may not have committed: the ledger does not have it, the table may
+  // (RowsFromTable in tests/integration/resilience_support.h).
+  enum class OnFailure { kStop, kReconnect };
   LoadGenerator(WorkloadOptions options, Ledger* ledger, int writers, NextTx next,
-                std::chrono::microseconds pause = std::chrono::microseconds(0));
+                std::chrono::microseconds pause = std::chrono::microseconds(0),
+                OnFailure on_failure = OnFailure::kStop);
   ~LoadGenerator();
 
+  // Each writer's seed is printed, so a failing run can be repeated.
   void Start();
   // Stops and joins the writers; returns the first writer error ("" if none).
   std::string Stop();
   size_t transactions() const { return transactions_.load(); }
+  // Writer failures (each restarted the writer with kReconnect).
+  size_t failures() const { return failures_.load(); }
+  std::string first_error() const {
+    std::lock_guard lock(mu_);
+    return error_;
+  }
 
  private:
+  void Write(uint64_t seed);
+
   WorkloadOptions options_;
   Ledger* ledger_;
   int writers_;
   NextTx next_;
   std::chrono::microseconds pause_;
+  OnFailure on_failure_;
   std::atomic<bool> stop_{false};
   std::atomic<size_t> transactions_{0};
+  std::atomic<size_t> failures_{0};
   std::vector<std::thread> threads_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::string error_;
 };
 

@@ -58,14 +58,18 @@ inline Disposition DispositionOf(const Error& e) {
 
 std::string_view ErrorCodeName(ErrorCode code);
 
+// std::expected that must not be dropped: a call whose Status or Result is
+// ignored does not compile (cast to void where dropping it is the intent).
 template <typename T>
-using Result = std::expected<T, Error>;
+class [[nodiscard]] Result : public std::expected<T, Error> {
+ public:
+  using Base = std::expected<T, Error>;
+  using Base::Base;
+  Result(const Base& other) : Base(other) {}        // NOLINT: implicit, as std::expected's
+  Result(Base&& other) : Base(std::move(other)) {}  // NOLINT: implicit, as std::expected's
+};
 
-using Status = std::expected<void, Error>;
-
-inline std::unexpected<Error> MakeError(ErrorCode code, std::string message) {
-  return std::unexpected<Error>(Error{code, std::move(message)});
-}
+using Status = Result<void>;
 
 template <typename... Args>
 std::unexpected<Error> Fail(ErrorCode code, fmt::format_string<Args...> fmt, Args&&... args) {

@@ -74,13 +74,6 @@ struct MarkerOptions {
   pg::NetworkOptions network;
 };
 
-struct MarkerStats {
-  uint64_t batches = 0;
-  uint64_t transactions = 0;
-  uint64_t rows_marked = 0;
-  uint64_t errors = 0;
-};
-
 class Marker {
  public:
   using ErrorHook = std::function<void(const Error&)>;
@@ -94,8 +87,6 @@ class Marker {
   Status Start();
   // Marks what is already delivered (bounded by `timeout`), then stops.
   void Stop(std::chrono::milliseconds timeout);
-
-  MarkerStats stats() const;
 
   // The statement text (exposed for tests and `check`).
   static std::string MarkSql(const MarkerOptions& options);
@@ -121,7 +112,6 @@ class Marker {
   std::thread thread_;
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> deadline_ns_{0};
-  std::atomic<uint64_t> batches_{0}, transactions_{0}, rows_marked_{0}, errors_{0};
   // Reused parameter buffers.
   std::string run_xids_, run_firsts_, run_lasts_, commit_lsns_, end_lsns_, times_, counts_,
       tx_xids_;

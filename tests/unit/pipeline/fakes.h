@@ -373,7 +373,7 @@ class Pipeline {
     publisher_->AttachSink(std::move(sink));
   }
   ~Pipeline() {
-    StopSession();
+    (void)StopSession();  // the test is over: how the session ended was its to check
     publisher_->CloseSink();
   }
 
