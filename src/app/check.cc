@@ -1,12 +1,10 @@
 #include "outbox_relay/app/check.h"
 
 #include <fmt/ranges.h>
-#include <librdkafka/rdkafka.h>
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <array>
 #include <cctype>
 #include <charconv>
 #include <cstdio>
@@ -17,11 +15,10 @@
 #include "outbox_relay/app/commands.h"
 #include "outbox_relay/app/logging.h"
 #include "outbox_relay/app/slot_command.h"
-#include "outbox_relay/kafka/admin.h"
-#include "outbox_relay/kafka/producer.h"
 #include "outbox_relay/outbox/record.h"
 #include "outbox_relay/pg/connection.h"
 #include "outbox_relay/pg/publication.h"
+#include "outbox_relay/pg/rows.h"
 
 namespace outbox_relay::app {
 
@@ -60,37 +57,23 @@ struct Column {
   bool not_null = false;
 };
 
-// Topics that exist, and whether the broker creates missing ones.
-struct KafkaView {
-  bool reachable = false;
-  std::map<std::string, int> topics;  // name -> partitions
-  std::optional<bool> auto_create;    // broker auto.create.topics.enable
-};
-
-class Checker {
+class Checker : CheckList {
  public:
   explicit Checker(const CheckConfig& config) : c_(config), r_(config.relay) {}
 
   std::vector<CheckResult> Run() {
     Database();
-    Kafka();
+    TopicSample sample;
+    sample.known = conn_ != nullptr && !table_oid_.empty() && all_columns_ok_;
+    sample.rows = sampled_;
+    sample.poison = poison_;
+    sample.first_poison = first_poison_;
+    sample.topics = sample_topics_;
+    for (CheckResult& r : CheckKafka(c_, sample)) out_.push_back(std::move(r));
     return std::move(out_);
   }
 
  private:
-  void Add(CheckStatus s, std::string name, std::string detail, std::string fix = "") {
-    out_.push_back({s, std::move(name), std::move(detail), std::move(fix)});
-  }
-  void Ok(std::string name, std::string detail) {
-    Add(CheckStatus::kOk, std::move(name), std::move(detail));
-  }
-  void Warn(std::string name, std::string detail, std::string fix) {
-    Add(CheckStatus::kWarn, std::move(name), std::move(detail), std::move(fix));
-  }
-  void Failed(std::string name, std::string detail, std::string fix) {
-    Add(CheckStatus::kFail, std::move(name), std::move(detail), std::move(fix));
-  }
-
   // --- PostgreSQL -------------------------------------------------------------
 
   void Database() {
@@ -232,7 +215,7 @@ class Checker {
       Failed("outbox table", res.error().message, "");
       return false;
     }
-    if (PQntuples(res->get()) == 0) {
+    if (pg::Rows(res->get()).size() == 0) {
       Failed("outbox table", fmt::format("{} does not exist", r_.table_name.ToString()),
              "create it (sql/outbox.sql has the seed's DDL) or point --table (OUTBOX_TABLE) at "
              "the right one");
@@ -265,7 +248,7 @@ class Checker {
       Failed("outbox columns", cols.error().message, "");
       return false;
     }
-    for (int i = 0; i < PQntuples(cols->get()); ++i) {
+    for (int i = 0; i < pg::Rows(cols->get()).size(); ++i) {
       Column col;
       col.attnum = static_cast<int>(Int(cols->get(), i, 1));
       col.type = Str(cols->get(), i, 2);
@@ -409,7 +392,7 @@ class Checker {
     std::string marking_index;
     std::string acked_index;
     std::string acked_norm = "(" + r_.acked_column + " is null)";
-    for (int i = 0; i < PQntuples(res->get()); ++i) {
+    for (int i = 0; i < pg::Rows(res->get()).size(); ++i) {
       if (!Bool(res->get(), i, 2)) continue;
       if (xid != columns_.end() && Int(res->get(), i, 1) == xid->second.attnum &&
           marking_index.empty()) {
@@ -673,7 +656,7 @@ class Checker {
     }
     outbox::Metadata metadata;
     std::string topic;
-    sampled_ = PQntuples(res->get());
+    sampled_ = pg::Rows(res->get()).size();
     for (int i = 0; i < sampled_; ++i) {
       Status st = metadata.Parse(pg::GetValue(res->get(), i, 0));
       if (st) st = tmpl->Render(metadata, &topic);
@@ -688,174 +671,8 @@ class Checker {
     }
   }
 
-  // --- Kafka ------------------------------------------------------------------
-
-  void Kafka() {
-    if (r_.sink == SinkKind::kNull) {
-      Warn("kafka", "--sink null: records go nowhere (benchmarks only)", "use --sink kafka");
-      return;
-    }
-    auto producer =
-        kafka::KafkaProducer::Create(ProducerOptionsOf(r_), [](const kafka::Delivery&) {});
-    if (!producer) {
-      Failed("kafka", producer.error().message,
-             "fix --kafka-property / OUTBOX_KAFKA_PROPERTIES (librdkafka property names)");
-      return;
-    }
-    rd_kafka_t* rk = (*producer)->handle();
-    const int timeout = static_cast<int>(c_.kafka_timeout_ms_value);
-    const rd_kafka_metadata_t* md = nullptr;
-    rd_kafka_resp_err_t err = rd_kafka_metadata(rk, 1, nullptr, &md, timeout);
-    if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
-      std::string refused = (*producer)->CredentialsError();
-      Failed("kafka",
-             fmt::format("no broker of {} answered a metadata request within {} ms: {}{}",
-                         r_.kafka_brokers, timeout, rd_kafka_err2str(err),
-                         refused.empty() ? "" : "; the brokers refused the connection: " + refused),
-             "check --kafka-brokers (KAFKA_BROKERS), the network, and the TLS/SASL properties "
-             "(--kafka-property)");
-      return;
-    }
-    KafkaView view;
-    view.reachable = true;
-    for (int i = 0; i < md->topic_cnt; ++i) {
-      if (md->topics[i].err == RD_KAFKA_RESP_ERR_NO_ERROR) {
-        view.topics[md->topics[i].topic] = md->topics[i].partition_cnt;
-      }
-    }
-    int brokers = md->broker_cnt;
-    int32_t broker_id = brokers > 0 ? md->brokers[0].id : -1;
-    rd_kafka_metadata_destroy(md);
-    Ok("kafka", fmt::format("{} answered: {} broker(s), {} topics", r_.kafka_brokers, brokers,
-                            view.topics.size()));
-    if (broker_id >= 0) view.auto_create = AutoCreate(rk, broker_id, timeout);
-
-    if (r_.on_poison == pipeline::OnPoison::kDeadLetter) {
-      Topic(view, r_.dlq_topic, "dead-letter topic", "");
-    }
-    if (r_.delivery == DeliveryMode::kExactlyOnce) ProgressTopic(rk, timeout);
-    if (conn_ == nullptr || table_oid_.empty() || !all_columns_ok_) return;
-    if (sampled_ == 0) {
-      Ok("topics", "the table has no rows yet: no event types to check topics for");
-      return;
-    }
-    if (poison_ > 0) {
-      Warn("recent rows",
-           fmt::format("{} of the newest {} rows cannot be mapped to a topic and would be "
-                       "dead-lettered; first: {}",
-                       poison_, sampled_, first_poison_),
-           "fix those rows' metadata, or the --topic-template (OUTBOX_TOPIC_TEMPLATE)");
-    }
-    size_t shown = 0;
-    for (const auto& [topic, entry] : sample_topics_) {
-      if (++shown > 20) {
-        Ok("topics", fmt::format("… and {} more topics not listed", sample_topics_.size() - 20));
-        break;
-      }
-      std::string types;
-      for (const std::string& t : entry.second) {
-        if (!types.empty()) types += ", ";
-        types += t.empty() ? "(no Event-Type)" : t;
-      }
-      Topic(view, topic, "topic",
-            fmt::format(" ({} of the newest {} rows: {})", entry.first, sampled_, types));
-    }
-  }
-
-  // --delivery=exactly-once: the progress topic must be compacted (run
-  // creates it so when it is missing).
-  void ProgressTopic(rd_kafka_t* rk, int timeout) {
-    const std::string name = "progress topic " + r_.progress_topic;
-    auto config = kafka::TopicConfig(rk, r_.progress_topic, std::chrono::milliseconds(timeout));
-    if (!config) {
-      Warn(name, fmt::format("its settings cannot be read: {}", config.error().message),
-           "grant DescribeConfigs on the topic, or check it by hand: cleanup.policy=compact");
-    } else if (!*config) {
-      Ok(name, "does not exist; run creates it (1 partition, cleanup.policy=compact)");
-    } else if (auto it = (*config)->find("cleanup.policy");
-               it == (*config)->end() || it->second.find("compact") == std::string::npos) {
-      Failed(name,
-             fmt::format("cleanup.policy={}: the progress would expire and rows already in "
-                         "Kafka be produced again; run refuses it",
-                         it == (*config)->end() ? std::string("(unknown)") : it->second),
-             fmt::format("kafka-configs.sh --alter --entity-type topics --entity-name {} "
-                         "--add-config cleanup.policy=compact",
-                         r_.progress_topic));
-    } else {
-      Ok(name, "exists, compacted (exactly-once progress)");
-    }
-  }
-
-  void Topic(const KafkaView& view, const std::string& topic, const char* what,
-             const std::string& note) {
-    std::string name = fmt::format("{} {}", what, topic);
-    auto it = view.topics.find(topic);
-    if (it != view.topics.end()) {
-      Ok(name, fmt::format("exists, {} partitions{}", it->second, note));
-    } else if (r_.create_topics) {
-      Ok(name, fmt::format("does not exist; run creates it (--create-topics, {} partitions){}",
-                           r_.topic_partitions, note));
-    } else if (view.auto_create.value_or(false)) {
-      Warn(name,
-           fmt::format("does not exist; the broker creates it on first use "
-                       "(auto.create.topics.enable = true), with its default settings{}",
-                       note),
-           fmt::format("create it with the partitions and replication you want "
-                       "(kafka-topics.sh --create --topic {}), or run with --create-topics",
-                       topic));
-    } else {
-      Failed(name,
-             fmt::format("does not exist, and the broker does not create topics{}{}",
-                         view.auto_create ? " (auto.create.topics.enable = false)"
-                                          : " (auto.create.topics.enable unknown)",
-                         note),
-             fmt::format("create it (kafka-topics.sh --create --topic {}), or run with "
-                         "--create-topics",
-                         topic));
-    }
-  }
-
-  // The broker's auto.create.topics.enable (DescribeConfigs), or nullopt.
-  static std::optional<bool> AutoCreate(rd_kafka_t* rk, int32_t broker_id, int timeout) {
-    std::array<char, 512> errstr{};
-    std::string id = std::to_string(broker_id);
-    rd_kafka_ConfigResource_t* resource =
-        rd_kafka_ConfigResource_new(RD_KAFKA_RESOURCE_BROKER, id.c_str());
-    rd_kafka_queue_t* queue = rd_kafka_queue_new(rk);
-    rd_kafka_AdminOptions_t* opts =
-        rd_kafka_AdminOptions_new(rk, RD_KAFKA_ADMIN_OP_DESCRIBECONFIGS);
-    rd_kafka_AdminOptions_set_request_timeout(opts, timeout, errstr.data(), errstr.size());
-    rd_kafka_DescribeConfigs(rk, &resource, 1, opts, queue);
-    rd_kafka_event_t* ev = rd_kafka_queue_poll(queue, timeout + 1000);
-    std::optional<bool> out;
-    const rd_kafka_DescribeConfigs_result_t* result =
-        ev != nullptr ? rd_kafka_event_DescribeConfigs_result(ev) : nullptr;
-    if (result != nullptr && rd_kafka_event_error(ev) == RD_KAFKA_RESP_ERR_NO_ERROR) {
-      size_t count = 0;
-      const rd_kafka_ConfigResource_t** resources =
-          rd_kafka_DescribeConfigs_result_resources(result, &count);
-      for (size_t i = 0; i < count; ++i) {
-        size_t n = 0;
-        const rd_kafka_ConfigEntry_t** entries = rd_kafka_ConfigResource_configs(resources[i], &n);
-        for (size_t j = 0; j < n; ++j) {
-          if (std::string_view(rd_kafka_ConfigEntry_name(entries[j])) ==
-              "auto.create.topics.enable") {
-            const char* v = rd_kafka_ConfigEntry_value(entries[j]);
-            out = v != nullptr && std::string_view(v) == "true";
-          }
-        }
-      }
-    }
-    if (ev != nullptr) rd_kafka_event_destroy(ev);
-    rd_kafka_AdminOptions_destroy(opts);
-    rd_kafka_queue_destroy(queue);
-    rd_kafka_ConfigResource_destroy(resource);
-    return out;
-  }
-
   const CheckConfig& c_;
   const RelayConfig& r_;
-  std::vector<CheckResult> out_;
   pg::Connection* conn_ = nullptr;
   int64_t version_num_ = 0;
   std::string database_;

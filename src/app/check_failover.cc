@@ -8,6 +8,8 @@
 #include <set>
 #include <string>
 
+#include "outbox_relay/pg/rows.h"
+
 namespace outbox_relay::app {
 
 namespace {
@@ -222,7 +224,7 @@ class FailoverChecker {
       Add(CheckStatus::kFail, res.error().message);
       return;
     }
-    if (PQntuples(res->get()) == 0) {
+    if (pg::Rows(res->get()).size() == 0) {
       Add(CheckStatus::kFail,
           fmt::format("{} (the standby's) does not exist on the primary", slot_name),
           fmt::format("on the primary: SELECT pg_create_physical_replication_slot('{}');",
@@ -260,7 +262,7 @@ class FailoverChecker {
       Add(CheckStatus::kFail, res.error().message);
       return;
     }
-    if (PQntuples(res->get()) == 0) {
+    if (pg::Rows(res->get()).size() == 0) {
       Add(primary_confirmed_.empty() ? CheckStatus::kWarn : CheckStatus::kFail,
           fmt::format("the standby holds no copy of slot {}{}", r_.slot,
                       primary_confirmed_.empty() ? " (it does not exist on the primary yet)" : ""),

@@ -7,6 +7,7 @@
 
 #include "outbox_relay/app/check.h"
 #include "outbox_relay/pg/publication.h"
+#include "outbox_relay/pg/rows.h"
 #include "outbox_relay/pipeline/watermill.h"
 
 namespace outbox_relay::app {
@@ -47,12 +48,12 @@ std::vector<CheckResult> CheckWatermillTables(pg::Connection& conn, const RelayC
   auto pub = conn.ExecParams(
       "SELECT puballtables, pubinsert FROM pg_publication WHERE pubname = $1", pub_name);
   std::set<std::string> published;
-  if (pub && PQntuples(pub->get()) > 0) {
+  if (pub && pg::Rows(pub->get()).size() > 0) {
     auto members = conn.ExecParams(
         "SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = $1",
         pub_name);
     if (members) {
-      for (int i = 0; i < PQntuples(members->get()); ++i) {
+      for (int i = 0; i < pg::Rows(members->get()).size(); ++i) {
         published.emplace(*pg::GetValue(members->get(), i, 0));
       }
     }
@@ -113,7 +114,7 @@ std::vector<CheckResult> CheckWatermillTables(pg::Connection& conn, const RelayC
     add(CheckStatus::kOk, name,
         fmt::format("{}; group '{}' in {}{}: {}", what, w.consumer_group, t.offsets.ToString(),
                     IsTrue(p, 0, 1) ? "" : " (run creates it)", position));
-    if (pub && PQntuples(pub->get()) > 0 && !published.contains(t.name.ToString())) {
+    if (pub && pg::Rows(pub->get()).size() > 0 && !published.contains(t.name.ToString())) {
       add(CheckStatus::kWarn, name,
           fmt::format("not in publication {} yet: run adds it (locking it against inserts for "
                       "at most --watermill-join-lock-timeout-ms) and publishes the rows written "
@@ -127,7 +128,7 @@ std::vector<CheckResult> CheckWatermillTables(pg::Connection& conn, const RelayC
 
   if (!pub) {
     add(CheckStatus::kFail, "publication " + r.publication, pub.error().message);
-  } else if (PQntuples(pub->get()) == 0) {
+  } else if (pg::Rows(pub->get()).size() == 0) {
     add(CheckStatus::kOk, "publication " + r.publication,
         "does not exist; run creates it: " +
             pipeline::CreateWatermillPublicationSql(r.publication, resolved->tables));

@@ -10,6 +10,7 @@
 
 #include "outbox_relay/app/commands.h"
 #include "outbox_relay/app/logging.h"
+#include "outbox_relay/pg/rows.h"
 
 namespace outbox_relay::app {
 
@@ -84,12 +85,12 @@ Status CheckTable(pg::Connection& conn, const CleanupConfig& c) {
       params);
   if (!res) return std::unexpected(res.error());
   PGresult* r = res->get();
-  if (PQntuples(r) == 0) {
+  if (pg::Rows(r).size() == 0) {
     return BadSetting("--table", "OUTBOX_TABLE",
                       fmt::format("table {} does not exist", c.table_name.ToString()));
   }
   auto type_of = [&](const std::string& name) -> std::optional<std::string> {
-    for (int i = 0; i < PQntuples(r); ++i) {
+    for (int i = 0; i < pg::Rows(r).size(); ++i) {
       if (pg::GetValue(r, i, 0) == name) return std::string(*pg::GetValue(r, i, 1));
     }
     return std::nullopt;

@@ -16,6 +16,7 @@
 #include "outbox_relay/pg/publication.h"
 #include "outbox_relay/pg/relay_schema.h"
 #include "outbox_relay/pg/replication.h"
+#include "outbox_relay/pg/rows.h"
 #include "outbox_relay/pipeline/liveness.h"
 #include "outbox_relay/pipeline/tables.h"
 
@@ -120,7 +121,7 @@ Status Relay::PrepareSeedTable(pg::Connection& conn) {
       params);
   if (!cols) return std::unexpected(cols.error());
   pgoutput::Relation rel;
-  for (int i = 0; i < PQntuples(cols->get()); ++i) {
+  for (int i = 0; i < pg::Rows(cols->get()).size(); ++i) {
     rel.columns.push_back({0, std::string(*pg::GetValue(cols->get(), i, 0)), 0, -1});
   }
   if (auto map = outbox::ColumnMap::Resolve(rel, config_.columns); !map) {

@@ -170,7 +170,7 @@ Status Survey(pg::Connection& conn, const ReplayConfig& c, const Range& range,
       "ORDER BY commit_lsn LIMIT 1",
       slot_param);
   if (!oldest) return std::unexpected(oldest.error());
-  if (PQntuples(oldest->get()) == 0) {
+  if (pg::Rows(oldest->get()).size() == 0) {
     spdlog::warn("replay: the commit index has no transactions of slot {} at all", c.relay.slot);
   } else {
     spdlog::info(
@@ -266,7 +266,7 @@ class Replayer {
       auto res = conn_.ExecParams(sql, params);
       if (!res) return std::unexpected(res.error());
       const PGresult* r = res->get();
-      const int n = PQntuples(r);
+      const int n = pg::Rows(r).size();
       if (n == 0) break;
       auto columns = outbox::ColumnMap::Resolve(pg::RelationOf(r), cols);
       if (!columns) return std::unexpected(columns.error());

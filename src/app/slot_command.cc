@@ -11,6 +11,7 @@
 #include "outbox_relay/app/logging.h"
 #include "outbox_relay/kafka/committed_reader.h"
 #include "outbox_relay/pg/replication.h"
+#include "outbox_relay/pg/rows.h"
 
 namespace outbox_relay::app {
 
@@ -124,7 +125,7 @@ Result<SlotReport> QuerySlotReport(pg::Connection& conn, const std::string& slot
         params);
     if (!res) return std::unexpected(res.error());
     const PGresult* r = res->get();
-    if (PQntuples(r) > 0) {
+    if (pg::Rows(r).size() > 0) {
       report.exists = true;
       report.plugin = Text(r, 0, 0).value_or("");
       report.slot_type = Text(r, 0, 1).value_or("");
@@ -174,7 +175,7 @@ Result<SlotReport> QuerySlotReport(pg::Connection& conn, const std::string& slot
         "ORDER BY key",
         params);
     if (!res) return std::unexpected(res.error());
-    for (int i = 0; i < PQntuples(res->get()); ++i) {
+    for (int i = 0; i < pg::Rows(res->get()).size(); ++i) {
       report.state.push_back({Text(res->get(), i, 0).value_or(""),
                               Text(res->get(), i, 1).value_or(""),
                               Text(res->get(), i, 2).value_or("")});

@@ -97,28 +97,30 @@ Status CreateTopic(rd_kafka_t* rk, const std::string& name, int partitions, int 
   return Ok();
 }
 
-Result<std::optional<std::map<std::string, std::string>>> TopicConfig(
-    rd_kafka_t* rk, const std::string& name, std::chrono::milliseconds timeout,
-    const std::atomic<bool>* cancel) {
+// DescribeConfigs of one resource (a topic or a broker); nullopt when it does not exist.
+Result<std::optional<std::map<std::string, std::string>>> DescribeConfigs(
+    rd_kafka_t* rk, rd_kafka_ResourceType_t type, const std::string& name,
+    std::chrono::milliseconds timeout, const std::atomic<bool>* cancel) {
   using Config = std::map<std::string, std::string>;
-  ConfigResourceHandle resource(rd_kafka_ConfigResource_new(RD_KAFKA_RESOURCE_TOPIC, name.c_str()));
+  const std::string what =
+      fmt::format("describe {} {}", type == RD_KAFKA_RESOURCE_BROKER ? "broker" : "topic", name);
+  ConfigResourceHandle resource(rd_kafka_ConfigResource_new(type, name.c_str()));
   QueueHandle queue(rd_kafka_queue_new(rk));
   AdminOptionsHandle opts = Options(rk, RD_KAFKA_ADMIN_OP_DESCRIBECONFIGS, timeout);
   rd_kafka_ConfigResource_t* resources[] = {resource.get()};
   rd_kafka_DescribeConfigs(rk, resources, 1, opts.get(), queue.get());
-  auto ev = Await(queue.get(), timeout, cancel, "describe topic " + name);
+  auto ev = Await(queue.get(), timeout, cancel, what);
   if (!ev) return std::unexpected(ev.error());
   const rd_kafka_DescribeConfigs_result_t* result =
       rd_kafka_event_DescribeConfigs_result(ev->get());
   size_t count = 0;
   const rd_kafka_ConfigResource_t** described =
       result != nullptr ? rd_kafka_DescribeConfigs_result_resources(result, &count) : nullptr;
-  if (count == 0) return Fail(ErrorCode::kTransient, "describe topic {}: empty answer", name);
+  if (count == 0) return Fail(ErrorCode::kTransient, "{}: empty answer", what);
   rd_kafka_resp_err_t err = rd_kafka_ConfigResource_error(described[0]);
   if (err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) return std::optional<Config>();
   if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
-    return Fail(CodeOf(err), "describe topic {}: {}", name,
-                rd_kafka_ConfigResource_error_string(described[0]));
+    return Fail(CodeOf(err), "{}: {}", what, rd_kafka_ConfigResource_error_string(described[0]));
   }
   Config out;
   size_t entries = 0;
@@ -128,6 +130,12 @@ Result<std::optional<std::map<std::string, std::string>>> TopicConfig(
     out[rd_kafka_ConfigEntry_name(configs[i])] = value != nullptr ? value : "";
   }
   return std::optional<Config>(std::move(out));
+}
+
+Result<std::optional<std::map<std::string, std::string>>> TopicConfig(
+    rd_kafka_t* rk, const std::string& name, std::chrono::milliseconds timeout,
+    const std::atomic<bool>* cancel) {
+  return DescribeConfigs(rk, RD_KAFKA_RESOURCE_TOPIC, name, timeout, cancel);
 }
 
 Result<std::optional<std::map<std::string, std::string>>> TopicConfig(
@@ -153,6 +161,33 @@ Result<std::optional<int64_t>> TopicMaxMessageBytes(rd_kafka_t* rk, const std::s
                 name, it->second);
   }
   return std::optional<int64_t>(v);
+}
+
+Result<ClusterView> DescribeCluster(rd_kafka_t* rk, std::chrono::milliseconds timeout) {
+  const rd_kafka_metadata_t* raw = nullptr;
+  rd_kafka_resp_err_t err =
+      rd_kafka_metadata(rk, 1, nullptr, &raw, static_cast<int>(timeout.count()));
+  MetadataHandle md(raw);
+  if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+    return Fail(ErrorCode::kTransient, "{}", rd_kafka_err2str(err));
+  }
+  ClusterView view;
+  for (int i = 0; i < md->broker_cnt; ++i) view.broker_ids.push_back(md->brokers[i].id);
+  for (int i = 0; i < md->topic_cnt; ++i) {
+    if (md->topics[i].err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+      view.topics[md->topics[i].topic] = md->topics[i].partition_cnt;
+    }
+  }
+  return view;
+}
+
+Result<std::map<std::string, std::string>> BrokerConfig(rd_kafka_t* rk, int32_t broker_id,
+                                                        std::chrono::milliseconds timeout) {
+  auto config =
+      DescribeConfigs(rk, RD_KAFKA_RESOURCE_BROKER, std::to_string(broker_id), timeout, nullptr);
+  if (!config) return std::unexpected(config.error());
+  if (!*config) return Fail(ErrorCode::kTransient, "describe broker {}: unknown", broker_id);
+  return std::move(**config);
 }
 
 }  // namespace outbox_relay::kafka

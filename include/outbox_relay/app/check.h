@@ -14,7 +14,10 @@
 // and the topics the template gives for the event types of recent rows.
 #pragma once
 
+#include <map>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "outbox_relay/app/config.h"
@@ -49,6 +52,34 @@ struct CheckResult {
 
 const char* CheckStatusName(CheckStatus status);  // "OK", "WARN", "FAIL"
 
+// The lines of a group of checks, as they are found.
+class CheckList {
+ protected:
+  void Add(CheckStatus s, std::string name, std::string detail, std::string fix = "") {
+    out_.push_back({s, std::move(name), std::move(detail), std::move(fix)});
+  }
+  void Ok(std::string name, std::string detail) {
+    Add(CheckStatus::kOk, std::move(name), std::move(detail));
+  }
+  void Warn(std::string name, std::string detail, std::string fix) {
+    Add(CheckStatus::kWarn, std::move(name), std::move(detail), std::move(fix));
+  }
+  void Failed(std::string name, std::string detail, std::string fix) {
+    Add(CheckStatus::kFail, std::move(name), std::move(detail), std::move(fix));
+  }
+  std::vector<CheckResult> out_;
+};
+
+// The topics the template gives for the newest rows (the PostgreSQL checks
+// read them), for the Kafka checks.
+struct TopicSample {
+  bool known = false;  // the table was read with every column the relay needs
+  int rows = 0;        // rows sampled
+  int poison = 0;      // of those, rows that map to no topic
+  std::string first_poison;
+  std::map<std::string, std::pair<int, std::set<std::string>>> topics;  // -> rows, event types
+};
+
 void AddCheckFlags(CLI::App& app, CheckConfig& config);
 
 // Runs every check on a validated config. Never fails as a whole: a check
@@ -59,6 +90,10 @@ std::vector<CheckResult> RunChecks(const CheckConfig& config);
 // consumer group's positions, privileges and the publication (in place of
 // the seed table's checks; check_watermill.cc).
 std::vector<CheckResult> CheckWatermillTables(pg::Connection& conn, const RelayConfig& config);
+
+// Kafka (check_kafka.cc): a metadata request within --kafka-timeout-ms, the
+// dead-letter and progress topics, and the topics of `sample`.
+std::vector<CheckResult> CheckKafka(const CheckConfig& config, const TopicSample& sample);
 
 std::string FormatChecksText(const std::vector<CheckResult>& results);
 std::string FormatChecksJson(const std::vector<CheckResult>& results);

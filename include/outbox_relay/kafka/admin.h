@@ -14,6 +14,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "outbox_relay/core/c_handle.h"
 #include "outbox_relay/core/result.h"
@@ -51,5 +52,18 @@ Result<std::optional<std::map<std::string, std::string>>> TopicConfig(
 Result<std::optional<int64_t>> TopicMaxMessageBytes(rd_kafka_t* rk, const std::string& name,
                                                     std::chrono::milliseconds timeout,
                                                     const std::atomic<bool>* cancel = nullptr);
+
+// The cluster as a metadata request for every topic sees it.
+struct ClusterView {
+  std::vector<int32_t> broker_ids;
+  std::map<std::string, int> topics;  // name -> partitions (topics without an error)
+};
+// kTransient with librdkafka's reason when no broker answered within `timeout`.
+Result<ClusterView> DescribeCluster(rd_kafka_t* rk, std::chrono::milliseconds timeout);
+
+// A broker's configuration values (DescribeConfigs on the broker). Errors as
+// TopicConfig's.
+Result<std::map<std::string, std::string>> BrokerConfig(rd_kafka_t* rk, int32_t broker_id,
+                                                        std::chrono::milliseconds timeout);
 
 }  // namespace outbox_relay::kafka

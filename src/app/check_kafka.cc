@@ -1,0 +1,169 @@
+// `outbox-relay check`, its Kafka half: the brokers answer, the topics the
+// relay writes exist or will be created (check.h lists the lines).
+#include <fmt/format.h>
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "outbox_relay/app/check.h"
+#include "outbox_relay/kafka/admin.h"
+#include "outbox_relay/kafka/producer.h"
+
+namespace outbox_relay::app {
+
+namespace {
+
+// Topics that exist, and whether the broker creates missing ones.
+struct KafkaView {
+  std::map<std::string, int> topics;  // name -> partitions
+  std::optional<bool> auto_create;    // broker auto.create.topics.enable
+};
+
+class KafkaChecker : CheckList {
+ public:
+  KafkaChecker(const CheckConfig& config, const TopicSample& sample)
+      : c_(config), r_(config.relay), sample_(sample) {}
+
+  std::vector<CheckResult> Run() {
+    Kafka();
+    return std::move(out_);
+  }
+
+ private:
+  void Kafka() {
+    if (r_.sink == SinkKind::kNull) {
+      Warn("kafka", "--sink null: records go nowhere (benchmarks only)", "use --sink kafka");
+      return;
+    }
+    auto producer =
+        kafka::KafkaProducer::Create(ProducerOptionsOf(r_), [](const kafka::Delivery&) {});
+    if (!producer) {
+      Failed("kafka", producer.error().message,
+             "fix --kafka-property / OUTBOX_KAFKA_PROPERTIES (librdkafka property names)");
+      return;
+    }
+    rd_kafka_t* rk = (*producer)->handle();
+    const std::chrono::milliseconds timeout(c_.kafka_timeout_ms_value);
+    auto cluster = kafka::DescribeCluster(rk, timeout);
+    if (!cluster) {
+      std::string refused = (*producer)->CredentialsError();
+      Failed("kafka",
+             fmt::format("no broker of {} answered a metadata request within {} ms: {}{}",
+                         r_.kafka_brokers, timeout.count(), cluster.error().message,
+                         refused.empty() ? "" : "; the brokers refused the connection: " + refused),
+             "check --kafka-brokers (KAFKA_BROKERS), the network, and the TLS/SASL properties "
+             "(--kafka-property)");
+      return;
+    }
+    KafkaView view;
+    view.topics = cluster->topics;
+    Ok("kafka", fmt::format("{} answered: {} broker(s), {} topics", r_.kafka_brokers,
+                            cluster->broker_ids.size(), view.topics.size()));
+    if (!cluster->broker_ids.empty()) {
+      // The broker's auto.create.topics.enable; unknown when it cannot be read.
+      if (auto config = kafka::BrokerConfig(rk, cluster->broker_ids.front(), timeout)) {
+        if (auto it = config->find("auto.create.topics.enable"); it != config->end()) {
+          view.auto_create = it->second == "true";
+        }
+      }
+    }
+
+    if (r_.on_poison == pipeline::OnPoison::kDeadLetter) {
+      Topic(view, r_.dlq_topic, "dead-letter topic", "");
+    }
+    if (r_.delivery == DeliveryMode::kExactlyOnce) ProgressTopic(rk, timeout);
+    if (!sample_.known) return;
+    if (sample_.rows == 0) {
+      Ok("topics", "the table has no rows yet: no event types to check topics for");
+      return;
+    }
+    if (sample_.poison > 0) {
+      Warn("recent rows",
+           fmt::format("{} of the newest {} rows cannot be mapped to a topic and would be "
+                       "dead-lettered; first: {}",
+                       sample_.poison, sample_.rows, sample_.first_poison),
+           "fix those rows' metadata, or the --topic-template (OUTBOX_TOPIC_TEMPLATE)");
+    }
+    size_t shown = 0;
+    for (const auto& [topic, entry] : sample_.topics) {
+      if (++shown > 20) {
+        Ok("topics", fmt::format("… and {} more topics not listed", sample_.topics.size() - 20));
+        break;
+      }
+      std::string types;
+      for (const std::string& t : entry.second) {
+        if (!types.empty()) types += ", ";
+        types += t.empty() ? "(no Event-Type)" : t;
+      }
+      Topic(view, topic, "topic",
+            fmt::format(" ({} of the newest {} rows: {})", entry.first, sample_.rows, types));
+    }
+  }
+
+  // --delivery=exactly-once: the progress topic must be compacted (run
+  // creates it so when it is missing).
+  void ProgressTopic(rd_kafka_t* rk, std::chrono::milliseconds timeout) {
+    const std::string name = "progress topic " + r_.progress_topic;
+    auto config = kafka::TopicConfig(rk, r_.progress_topic, timeout);
+    if (!config) {
+      Warn(name, fmt::format("its settings cannot be read: {}", config.error().message),
+           "grant DescribeConfigs on the topic, or check it by hand: cleanup.policy=compact");
+    } else if (!*config) {
+      Ok(name, "does not exist; run creates it (1 partition, cleanup.policy=compact)");
+    } else if (auto it = (*config)->find("cleanup.policy");
+               it == (*config)->end() || it->second.find("compact") == std::string::npos) {
+      Failed(name,
+             fmt::format("cleanup.policy={}: the progress would expire and rows already in "
+                         "Kafka be produced again; run refuses it",
+                         it == (*config)->end() ? std::string("(unknown)") : it->second),
+             fmt::format("kafka-configs.sh --alter --entity-type topics --entity-name {} "
+                         "--add-config cleanup.policy=compact",
+                         r_.progress_topic));
+    } else {
+      Ok(name, "exists, compacted (exactly-once progress)");
+    }
+  }
+
+  void Topic(const KafkaView& view, const std::string& topic, const char* what,
+             const std::string& note) {
+    std::string name = fmt::format("{} {}", what, topic);
+    auto it = view.topics.find(topic);
+    if (it != view.topics.end()) {
+      Ok(name, fmt::format("exists, {} partitions{}", it->second, note));
+    } else if (r_.create_topics) {
+      Ok(name, fmt::format("does not exist; run creates it (--create-topics, {} partitions){}",
+                           r_.topic_partitions, note));
+    } else if (view.auto_create.value_or(false)) {
+      Warn(name,
+           fmt::format("does not exist; the broker creates it on first use "
+                       "(auto.create.topics.enable = true), with its default settings{}",
+                       note),
+           fmt::format("create it with the partitions and replication you want "
+                       "(kafka-topics.sh --create --topic {}), or run with --create-topics",
+                       topic));
+    } else {
+      Failed(name,
+             fmt::format("does not exist, and the broker does not create topics{}{}",
+                         view.auto_create ? " (auto.create.topics.enable = false)"
+                                          : " (auto.create.topics.enable unknown)",
+                         note),
+             fmt::format("create it (kafka-topics.sh --create --topic {}), or run with "
+                         "--create-topics",
+                         topic));
+    }
+  }
+
+  const CheckConfig& c_;
+  const RelayConfig& r_;
+  const TopicSample& sample_;
+};
+
+}  // namespace
+
+std::vector<CheckResult> CheckKafka(const CheckConfig& config, const TopicSample& sample) {
+  return KafkaChecker(config, sample).Run();
+}
+
+}  // namespace outbox_relay::app
