@@ -155,9 +155,10 @@ class Prose(unittest.TestCase):
 
     def test_environment_variables_in_docs_exist(self):
         envs = {o.env for c in support.commands().values() for o in c.settings() if o.env}
-        # The crash test's fault switch (architecture.md); the PostgreSQL major and server
-        # programs of scripts/services (README.md, postgresql.md).
-        allowed = {"OUTBOX_TEST_FAULT", "OUTBOX_PG_VERSION", "OUTBOX_PG_BIN"}
+        # The crash test's fault switch and the CMake option that compiles it in
+        # (architecture.md); the PostgreSQL major and server programs of scripts/services
+        # (README.md, postgresql.md).
+        allowed = {"OUTBOX_TEST_FAULT", "OUTBOX_FAILPOINTS", "OUTBOX_PG_VERSION", "OUTBOX_PG_BIN"}
         for path in markdown_files():
             for lineno, line in enumerate(read(path).splitlines(), 1):
                 for name in re.findall(r"\b(OUTBOX_[A-Z0-9_]+)\b", line):
