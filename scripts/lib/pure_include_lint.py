@@ -22,6 +22,7 @@ Prints file:line: the include, and why; exits 1 when any is found.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 
@@ -82,19 +83,12 @@ SELF_TEST = [
 
 
 def self_test() -> int:
-    failures = 0
-    for path, src, expected in SELF_TEST:
-        got = lint_source(path, src)
-        if len(got) != expected:
-            failures += 1
-            print(f"self-test FAILED: {path}: expected {expected}, got {len(got)}: {src!r}")
-    got = lint_source("src/core/a.cc", "#include <string>\n\n#include <iostream>\n")
-    if [g[0] for g in got] != [3]:
-        failures += 1
-        print(f"self-test FAILED: line number: {[g[0] for g in got]}")
-    total = len(SELF_TEST) + 1
-    print(f"pure-module include lint self-test: {total - failures} passed, {failures} failed")
-    return 1 if failures else 0
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import lint_selftest  # beside this file; loaded only for the self-test
+
+    return lint_selftest.run(
+        "pure-module include lint", lint_source, lambda f: f[0], SELF_TEST,
+        [("line number", "src/core/a.cc", "#include <string>\n\n#include <iostream>\n", [3])])
 
 
 def main(argv: list[str]) -> int:

@@ -447,26 +447,14 @@ SELF_TEST: list[tuple[str, str, int]] = [
 
 
 def self_test() -> int:
-    failures = 0
-    for path, src, expected in SELF_TEST:
-        got = lint_source(path, src)
-        if len(got) != expected:
-            failures += 1
-            print(f"self-test FAILED: {path}: expected {expected}, got {len(got)}: {src!r}")
-            for f in got:
-                print(f"    found line {f.line}: {f.match}")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import lint_selftest  # beside this file; loaded only for the self-test
+
     # Line numbers must point at the offending line.
-    got = lint_source("a.cc", 'a();\nauto q = "SELECT 1 "\n  "FROM t "\n  "WHERE a = NULL";\n')
-    if [f.line for f in got] != [4]:
-        failures += 1
-        print(f"self-test FAILED: line number: {[f.line for f in got]}")
-    got = lint_source("a.sh", "echo\npsql <<SQL\nSELECT 1\nWHERE a = NULL;\nSQL\n")
-    if [f.line for f in got] != [4]:
-        failures += 1
-        print(f"self-test FAILED: heredoc line number: {[f.line for f in got]}")
-    total = len(SELF_TEST) + 2
-    print(f"sql-null lint self-test: {total - failures} passed, {failures} failed")
-    return 1 if failures else 0
+    return lint_selftest.run(
+        "sql-null lint", lint_source, lambda f: f.line, SELF_TEST,
+        [("line number", "a.cc", 'a();\nauto q = "SELECT 1 "\n  "FROM t "\n  "WHERE a = NULL";\n', [4]),
+         ("heredoc line number", "a.sh", "echo\npsql <<SQL\nSELECT 1\nWHERE a = NULL;\nSQL\n", [4])])
 
 
 def main(argv: list[str]) -> int:

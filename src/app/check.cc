@@ -63,13 +63,8 @@ class Checker : CheckList {
 
   std::vector<CheckResult> Run() {
     Database();
-    TopicSample sample;
-    sample.known = conn_ != nullptr && !table_oid_.empty() && all_columns_ok_;
-    sample.rows = sampled_;
-    sample.poison = poison_;
-    sample.first_poison = first_poison_;
-    sample.topics = sample_topics_;
-    for (CheckResult& r : CheckKafka(c_, sample)) out_.push_back(std::move(r));
+    sample_.known = conn_ != nullptr && !table_oid_.empty() && all_columns_ok_;
+    for (CheckResult& r : CheckKafka(c_, sample_)) out_.push_back(std::move(r));
     return std::move(out_);
   }
 
@@ -656,16 +651,16 @@ class Checker : CheckList {
     }
     outbox::Metadata metadata;
     std::string topic;
-    sampled_ = pg::Rows(res->get()).size();
-    for (int i = 0; i < sampled_; ++i) {
+    sample_.rows = pg::Rows(res->get()).size();
+    for (int i = 0; i < sample_.rows; ++i) {
       Status st = metadata.Parse(pg::GetValue(res->get(), i, 0));
       if (st) st = tmpl->Render(metadata, &topic);
       if (!st) {
-        if (poison_ == 0) first_poison_ = st.error().message;
-        ++poison_;
+        if (sample_.poison == 0) sample_.first_poison = st.error().message;
+        ++sample_.poison;
         continue;
       }
-      auto& entry = sample_topics_[topic];
+      auto& entry = sample_.topics[topic];
       ++entry.first;
       entry.second.insert(std::string(metadata.Get("Event-Type").value_or("")));
     }
@@ -686,10 +681,7 @@ class Checker : CheckList {
   bool owns_table_ = false;
   std::map<std::string, Column> columns_;
   bool all_columns_ok_ = true;
-  int sampled_ = 0;
-  int poison_ = 0;
-  std::string first_poison_;
-  std::map<std::string, std::pair<int, std::set<std::string>>> sample_topics_;
+  TopicSample sample_;  // the newest rows' topics, for the Kafka checks
 };
 
 }  // namespace

@@ -15,12 +15,6 @@ namespace outbox_relay::app {
 
 namespace {
 
-// Topics that exist, and whether the broker creates missing ones.
-struct KafkaView {
-  std::map<std::string, int> topics;  // name -> partitions
-  std::optional<bool> auto_create;    // broker auto.create.topics.enable
-};
-
 class KafkaChecker : CheckList {
  public:
   KafkaChecker(const CheckConfig& config, const TopicSample& sample)
@@ -57,21 +51,19 @@ class KafkaChecker : CheckList {
              "(--kafka-property)");
       return;
     }
-    KafkaView view;
-    view.topics = cluster->topics;
+    cluster_ = std::move(*cluster);
     Ok("kafka", fmt::format("{} answered: {} broker(s), {} topics", r_.kafka_brokers,
-                            cluster->broker_ids.size(), view.topics.size()));
-    if (!cluster->broker_ids.empty()) {
-      // The broker's auto.create.topics.enable; unknown when it cannot be read.
-      if (auto config = kafka::BrokerConfig(rk, cluster->broker_ids.front(), timeout)) {
+                            cluster_.broker_ids.size(), cluster_.topics.size()));
+    if (!cluster_.broker_ids.empty()) {
+      if (auto config = kafka::BrokerConfig(rk, cluster_.broker_ids.front(), timeout)) {
         if (auto it = config->find("auto.create.topics.enable"); it != config->end()) {
-          view.auto_create = it->second == "true";
+          auto_create_ = it->second == "true";
         }
       }
     }
 
     if (r_.on_poison == pipeline::OnPoison::kDeadLetter) {
-      Topic(view, r_.dlq_topic, "dead-letter topic", "");
+      Topic(r_.dlq_topic, "dead-letter topic", "");
     }
     if (r_.delivery == DeliveryMode::kExactlyOnce) ProgressTopic(rk, timeout);
     if (!sample_.known) return;
@@ -97,7 +89,7 @@ class KafkaChecker : CheckList {
         if (!types.empty()) types += ", ";
         types += t.empty() ? "(no Event-Type)" : t;
       }
-      Topic(view, topic, "topic",
+      Topic(topic, "topic",
             fmt::format(" ({} of the newest {} rows: {})", entry.first, sample_.rows, types));
     }
   }
@@ -126,16 +118,15 @@ class KafkaChecker : CheckList {
     }
   }
 
-  void Topic(const KafkaView& view, const std::string& topic, const char* what,
-             const std::string& note) {
+  void Topic(const std::string& topic, const char* what, const std::string& note) {
     std::string name = fmt::format("{} {}", what, topic);
-    auto it = view.topics.find(topic);
-    if (it != view.topics.end()) {
+    auto it = cluster_.topics.find(topic);
+    if (it != cluster_.topics.end()) {
       Ok(name, fmt::format("exists, {} partitions{}", it->second, note));
     } else if (r_.create_topics) {
       Ok(name, fmt::format("does not exist; run creates it (--create-topics, {} partitions){}",
                            r_.topic_partitions, note));
-    } else if (view.auto_create.value_or(false)) {
+    } else if (auto_create_.value_or(false)) {
       Warn(name,
            fmt::format("does not exist; the broker creates it on first use "
                        "(auto.create.topics.enable = true), with its default settings{}",
@@ -146,8 +137,8 @@ class KafkaChecker : CheckList {
     } else {
       Failed(name,
              fmt::format("does not exist, and the broker does not create topics{}{}",
-                         view.auto_create ? " (auto.create.topics.enable = false)"
-                                          : " (auto.create.topics.enable unknown)",
+                         auto_create_ ? " (auto.create.topics.enable = false)"
+                                      : " (auto.create.topics.enable unknown)",
                          note),
              fmt::format("create it (kafka-topics.sh --create --topic {}), or run with "
                          "--create-topics",
@@ -158,6 +149,8 @@ class KafkaChecker : CheckList {
   const CheckConfig& c_;
   const RelayConfig& r_;
   const TopicSample& sample_;
+  kafka::ClusterView cluster_;       // brokers and topics, once they answered
+  std::optional<bool> auto_create_;  // broker auto.create.topics.enable; unknown if unreadable
 };
 
 }  // namespace
