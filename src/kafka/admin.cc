@@ -1,8 +1,12 @@
 #include "outbox_relay/kafka/admin.h"
 
+#include <algorithm>
 #include <array>
 #include <charconv>
+#include <set>
 #include <string_view>
+#include <thread>
+#include <utility>
 
 namespace outbox_relay::kafka {
 
@@ -161,6 +165,55 @@ Result<std::optional<int64_t>> TopicMaxMessageBytes(rd_kafka_t* rk, const std::s
                 name, it->second);
   }
   return std::optional<int64_t>(v);
+}
+
+Result<bool> WaitPartitionsServed(rd_kafka_t* rk, const std::string& name,
+                                  std::chrono::milliseconds timeout,
+                                  const std::atomic<bool>* cancel) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + timeout;
+  auto slice = [&] {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    return static_cast<int>(std::clamp<int64_t>(left.count(), 1, 1000));
+  };
+  TopicHandle rkt(rd_kafka_topic_new(rk, name.c_str(), nullptr));
+  if (!rkt) {
+    return Fail(ErrorCode::kInvalidArgument, "topic {}: {}", name,
+                rd_kafka_err2str(rd_kafka_last_error()));
+  }
+  std::set<int32_t> served;
+  std::string waiting_for = "metadata";
+  while (Clock::now() < deadline) {
+    if (cancel != nullptr && cancel->load()) {
+      return Fail(ErrorCode::kTransient, "topic {}: cancelled", name);
+    }
+    const rd_kafka_metadata_t* raw = nullptr;
+    rd_kafka_resp_err_t err = rd_kafka_metadata(rk, 0, rkt.get(), &raw, slice());
+    MetadataHandle md(raw);
+    if (err == RD_KAFKA_RESP_ERR_NO_ERROR && md->topic_cnt == 1) {
+      const rd_kafka_metadata_topic_t& topic = md->topics[0];
+      if (topic.err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) return false;
+      if (topic.err == RD_KAFKA_RESP_ERR_NO_ERROR && topic.partition_cnt > 0) {
+        for (int i = 0; i < topic.partition_cnt; ++i) {
+          const rd_kafka_metadata_partition_t& p = topic.partitions[i];
+          if (served.contains(p.id)) continue;
+          int64_t low = 0;
+          int64_t high = 0;
+          if (p.err == RD_KAFKA_RESP_ERR_NO_ERROR && p.leader >= 0 &&
+              rd_kafka_query_watermark_offsets(rk, name.c_str(), p.id, &low, &high, slice()) ==
+                  RD_KAFKA_RESP_ERR_NO_ERROR) {
+            served.insert(p.id);
+          }
+        }
+        if (std::cmp_equal(served.size(), topic.partition_cnt)) return true;
+        waiting_for = fmt::format("{} of its {} partitions", topic.partition_cnt - served.size(),
+                                  topic.partition_cnt);
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return Fail(ErrorCode::kTransient, "topic {}: {} not served by a leader within {} ms", name,
+              waiting_for, timeout.count());
 }
 
 Result<ClusterView> DescribeCluster(rd_kafka_t* rk, std::chrono::milliseconds timeout) {

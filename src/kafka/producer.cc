@@ -288,6 +288,11 @@ void KafkaProducer::PrepareTopic(const std::string& name) {
                                options_.topic_replication_factor, options_.admin_timeout, &stop_);
     if (!created) spdlog::warn("kafka: {}", created.error().message);
   }
+  if (auto served = WaitPartitionsServed(rk, name, options_.admin_timeout, &stop_);
+      !served && !stop_.load()) {
+    spdlog::warn("kafka: {}; its records go out now and wait in librdkafka",
+                 served.error().message);
+  }
   auto limit = TopicMaxMessageBytes(rk, name, options_.admin_timeout, &stop_);
   std::optional<int64_t> max_message_bytes;
   if (limit) {

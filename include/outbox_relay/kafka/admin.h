@@ -53,6 +53,21 @@ Result<std::optional<int64_t>> TopicMaxMessageBytes(rd_kafka_t* rk, const std::s
                                                     std::chrono::milliseconds timeout,
                                                     const std::atomic<bool>* cancel = nullptr);
 
+// Waits until every partition of topic `name` has a leader that serves it: a
+// ListOffsets request for each partition answered by its leader. True once
+// they all did; false when the topic does not exist. kTransient when some
+// partition was not served within `timeout` (or on `*cancel`).
+//
+// Before its first record to a topic the producer waits for this. A broker
+// can name itself leader of a new partition (its metadata) a moment before it
+// serves it: the idempotent producer's first batch is then refused, while its
+// second, sent right after, is accepted as the partition's first (the broker
+// accepts any first sequence of a producer it does not know). The retried
+// first batch is then reported delivered although the log lacks it.
+Result<bool> WaitPartitionsServed(rd_kafka_t* rk, const std::string& name,
+                                  std::chrono::milliseconds timeout,
+                                  const std::atomic<bool>* cancel = nullptr);
+
 // The cluster as a metadata request for every topic sees it.
 struct ClusterView {
   std::vector<int32_t> broker_ids;
