@@ -167,7 +167,7 @@ Result<std::optional<int64_t>> TopicMaxMessageBytes(rd_kafka_t* rk, const std::s
   return std::optional<int64_t>(v);
 }
 
-Result<bool> WaitPartitionsServed(rd_kafka_t* rk, const std::string& name,
+Result<bool> WaitPartitionsServed(rd_kafka_t* rk, const std::string& name, bool created,
                                   std::chrono::milliseconds timeout,
                                   const std::atomic<bool>* cancel) {
   using Clock = std::chrono::steady_clock;
@@ -192,7 +192,7 @@ Result<bool> WaitPartitionsServed(rd_kafka_t* rk, const std::string& name,
     MetadataHandle md(raw);
     if (err == RD_KAFKA_RESP_ERR_NO_ERROR && md->topic_cnt == 1) {
       const rd_kafka_metadata_topic_t& topic = md->topics[0];
-      if (topic.err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) return false;
+      if (topic.err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART && !created) return false;
       if (topic.err == RD_KAFKA_RESP_ERR_NO_ERROR && topic.partition_cnt > 0) {
         for (int i = 0; i < topic.partition_cnt; ++i) {
           const rd_kafka_metadata_partition_t& p = topic.partitions[i];

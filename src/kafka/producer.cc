@@ -283,12 +283,14 @@ void KafkaProducer::AdminLoop() {
 
 void KafkaProducer::PrepareTopic(const std::string& name) {
   rd_kafka_t* rk = handle();
+  bool created = false;
   if (options_.create_topics) {
-    auto created = CreateTopic(rk, name, options_.topic_partitions,
-                               options_.topic_replication_factor, options_.admin_timeout, &stop_);
-    if (!created) spdlog::warn("kafka: {}", created.error().message);
+    auto st = CreateTopic(rk, name, options_.topic_partitions, options_.topic_replication_factor,
+                          options_.admin_timeout, &stop_);
+    created = st.has_value();
+    if (!st) spdlog::warn("kafka: {}", st.error().message);
   }
-  if (auto served = WaitPartitionsServed(rk, name, options_.admin_timeout, &stop_);
+  if (auto served = WaitPartitionsServed(rk, name, created, options_.admin_timeout, &stop_);
       !served && !stop_.load()) {
     spdlog::warn("kafka: {}; its records go out now and wait in librdkafka",
                  served.error().message);

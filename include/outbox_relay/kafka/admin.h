@@ -55,8 +55,10 @@ Result<std::optional<int64_t>> TopicMaxMessageBytes(rd_kafka_t* rk, const std::s
 
 // Waits until every partition of topic `name` has a leader that serves it: a
 // ListOffsets request for each partition answered by its leader. True once
-// they all did; false when the topic does not exist. kTransient when some
-// partition was not served within `timeout` (or on `*cancel`).
+// they all did; false when the topic does not exist, unless `created` (it was
+// just created: the brokers' metadata may not have it yet, so it is waited
+// for too). kTransient when some partition was not served within `timeout`
+// (or on `*cancel`).
 //
 // Before its first record to a topic the producer waits for this. A broker
 // can name itself leader of a new partition (its metadata) a moment before it
@@ -64,7 +66,7 @@ Result<std::optional<int64_t>> TopicMaxMessageBytes(rd_kafka_t* rk, const std::s
 // second, sent right after, is accepted as the partition's first (the broker
 // accepts any first sequence of a producer it does not know). The retried
 // first batch is then reported delivered although the log lacks it.
-Result<bool> WaitPartitionsServed(rd_kafka_t* rk, const std::string& name,
+Result<bool> WaitPartitionsServed(rd_kafka_t* rk, const std::string& name, bool created,
                                   std::chrono::milliseconds timeout,
                                   const std::atomic<bool>* cancel = nullptr);
 

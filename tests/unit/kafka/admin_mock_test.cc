@@ -42,7 +42,7 @@ class AdminMockTest : public ::testing::Test {
 };
 
 TEST_F(AdminMockTest, EveryPartitionAnsweringAtItsLeaderEndsTheWait) {
-  auto served = WaitPartitionsServed(rk_.get(), "served", 5000ms);
+  auto served = WaitPartitionsServed(rk_.get(), "served", /*created=*/false, 5000ms);
   ASSERT_TRUE(served) << served.error().message;
   EXPECT_TRUE(*served);
 }
@@ -50,7 +50,7 @@ TEST_F(AdminMockTest, EveryPartitionAnsweringAtItsLeaderEndsTheWait) {
 TEST_F(AdminMockTest, APartitionWithoutALeaderIsWaitedForUntilTheTimeout) {
   rd_kafka_mock_partition_set_leader(mock_, "served", 1, -1);
   auto started = std::chrono::steady_clock::now();
-  auto served = WaitPartitionsServed(rk_.get(), "served", 600ms);
+  auto served = WaitPartitionsServed(rk_.get(), "served", /*created=*/false, 600ms);
   auto took = std::chrono::steady_clock::now() - started;
   ASSERT_FALSE(served);
   EXPECT_EQ(served.error().code, ErrorCode::kTransient);
@@ -64,7 +64,7 @@ TEST_F(AdminMockTest, APartitionWithoutALeaderIsWaitedForUntilTheTimeout) {
 TEST_F(AdminMockTest, AStopEndsTheWait) {
   rd_kafka_mock_partition_set_leader(mock_, "served", 0, -1);
   std::atomic<bool> cancel = true;
-  auto served = WaitPartitionsServed(rk_.get(), "served", 5000ms, &cancel);
+  auto served = WaitPartitionsServed(rk_.get(), "served", /*created=*/false, 5000ms, &cancel);
   ASSERT_FALSE(served);
   EXPECT_NE(served.error().message.find("cancelled"), std::string::npos) << served.error().message;
 }
