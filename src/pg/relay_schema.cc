@@ -1,6 +1,31 @@
 #include "outbox_relay/pg/relay_schema.h"
 
+#include <charconv>
+
 namespace outbox_relay::pg {
+
+namespace {
+bool ParseXid(std::string_view s, uint64_t* out) {
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
+  return ec == std::errc() && end == s.data() + s.size() && !s.empty();
+}
+}  // namespace
+
+std::string PortableSnapshot(std::string_view snapshot) {
+  // xmin:xmax:xip,xip,...
+  size_t first = snapshot.find(':');
+  size_t second = first == std::string_view::npos ? first : snapshot.find(':', first + 1);
+  if (second == std::string_view::npos) return std::string(snapshot);
+  uint64_t xmin = 0;
+  uint64_t xmax = 0;
+  if (!ParseXid(snapshot.substr(0, first), &xmin) ||
+      !ParseXid(snapshot.substr(first + 1, second - first - 1), &xmax) || xmin <= xmax) {
+    return std::string(snapshot);
+  }
+  // Every listed xid lies in [xmin, xmax): with xmin above xmax the list is
+  // empty in anything the server wrote.
+  return fmt::format("{}:{}:", xmin, xmin);
+}
 
 Status EnsureRelaySchema(Connection& conn) {
   // Everything there already: no DDL at all. Even CREATE SCHEMA IF NOT EXISTS

@@ -161,8 +161,13 @@ Status SlotSetup::Run() {
           pg::QuoteLiteral(created->snapshot_name));
       auto snap = conn->Exec(sql);
       if (!snap) return std::unexpected(snap.error());
-      std::string snapshot(*pg::GetValue(snap->get(), 0, 0));
+      std::string printed(*pg::GetValue(snap->get(), 0, 0));
       if (auto c = conn->Exec("COMMIT"); !c) return std::unexpected(c.error());
+      std::string snapshot = pg::PortableSnapshot(printed);
+      if (snapshot != printed) {
+        spdlog::info("the slot's snapshot {} has xmin above xmax: kept as {}, which sees the same",
+                     printed, snapshot);
+      }
       if (auto st = pg::WriteState(*conn, options_.slot, kSnapshotKey, snapshot); !st) return st;
       spdlog::info("stored the slot's snapshot {} for the backfill", snapshot);
     } else if (!options_.mark) {
@@ -191,6 +196,8 @@ Status SlotSetup::Run() {
   auto snapshot = pg::ReadState(*conn, options_.slot, kSnapshotKey);
   if (!snapshot) return std::unexpected(snapshot.error());
   if (snapshot->has_value()) {
+    // Stored by an older build without the correction.
+    **snapshot = pg::PortableSnapshot(**snapshot);
     if (options_.before_backfill) {
       if (auto st = options_.before_backfill(); !st) return st;
     }

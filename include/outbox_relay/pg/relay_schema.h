@@ -44,6 +44,15 @@ inline constexpr const char* kStateBackfillSnapshot = "backfill_snapshot";  // p
 // storing its snapshot (the rows committed before that slot would be missed).
 inline constexpr const char* kStateSlotCreating = "slot_creating";
 
+// The slot's snapshot as pg_snapshot text that the server's pg_snapshot input
+// accepts. A snapshot imported from CREATE_REPLICATION_SLOT can have xmin
+// above xmax (seen on PostgreSQL 14 under load: "14533:14532:"), which
+// pg_current_snapshot() prints but ::pg_snapshot refuses. PostgreSQL reads a
+// snapshot by xmin first (every xid below xmin is finished: visible when
+// committed), so raising xmax to xmin keeps what it sees. Other text is
+// returned unchanged.
+std::string PortableSnapshot(std::string_view snapshot);
+
 // Creates the schema and tables when missing (idempotent). Without the
 // privilege: kPermission with the SQL to run.
 Status EnsureRelaySchema(Connection& conn);
