@@ -633,7 +633,7 @@ class Checker : CheckList {
   // Topics of the event types in the newest rows (by the primary key), for
   // the Kafka checks.
   void SampleTopics() {
-    if (conn_ == nullptr || table_oid_.empty() || !all_columns_ok_ || c_.sample_rows_value <= 0) {
+    if (conn_ == nullptr || table_oid_.empty() || !all_columns_ok_ || c_.sample_rows <= 0) {
       return;
     }
     auto tmpl = outbox::TopicTemplate::Compile(r_.mapper.topic_template);
@@ -643,7 +643,7 @@ class Checker : CheckList {
         fmt::arg("meta", pg::QuoteIdent(r_.columns.metadata)),
         fmt::arg("table", r_.table_name.Quoted()),
         fmt::arg("xid", pg::QuoteIdent(r_.columns.transaction_id)),
-        fmt::arg("off", pg::QuoteIdent(r_.columns.offset)), fmt::arg("n", c_.sample_rows_value));
+        fmt::arg("off", pg::QuoteIdent(r_.columns.offset)), fmt::arg("n", c_.sample_rows));
     auto res = conn_->Exec(sql);
     if (!res) {
       Warn("recent rows", res.error().message, "");
@@ -692,21 +692,15 @@ void AddCheckFlags(CLI::App& app, CheckConfig& c) {
   app.add_option("--output", c.output, "Output format: text or json")
       ->envname("OUTBOX_OUTPUT")
       ->capture_default_str();
-  app.add_option("--kafka-timeout-ms", c.kafka_timeout_ms,
-                 "How long to wait for a broker to answer the metadata request")
-      ->envname("OUTBOX_CHECK_KAFKA_TIMEOUT_MS")
-      ->type_name("INT")
-      ->capture_default_str();
+  AddIntOption(app, "--kafka-timeout-ms", "OUTBOX_CHECK_KAFKA_TIMEOUT_MS", &c.kafka_timeout_ms, 100,
+               600'000, "How long to wait for a broker to answer the metadata request");
   app.add_option("--standby-url", c.standby_url,
                  "A physical standby of DATABASE_URL's server (connection string or URI): "
                  "check that it keeps a synced copy of the failover slot (PostgreSQL 17+, "
                  "--failover-slot)")
       ->envname("OUTBOX_STANDBY_URL");
-  app.add_option("--sample-rows", c.sample_rows,
-                 "Newest rows whose event types' topics are checked (0: none)")
-      ->envname("OUTBOX_CHECK_SAMPLE_ROWS")
-      ->type_name("INT")
-      ->capture_default_str();
+  AddIntOption(app, "--sample-rows", "OUTBOX_CHECK_SAMPLE_ROWS", &c.sample_rows, 0, 1'000'000,
+               "Newest rows whose event types' topics are checked (0: none)");
 }
 
 std::vector<CheckResult> RunChecks(const CheckConfig& config) { return Checker(config).Run(); }
@@ -755,18 +749,6 @@ int CheckCommand(CheckConfig& c) {
                             .message);
     return kExitConfig;
   }
-  auto timeout = ParseIntSetting(c.kafka_timeout_ms, "--kafka-timeout-ms",
-                                 "OUTBOX_CHECK_KAFKA_TIMEOUT_MS", 100, 600'000);
-  auto sample =
-      ParseIntSetting(c.sample_rows, "--sample-rows", "OUTBOX_CHECK_SAMPLE_ROWS", 0, 1'000'000);
-  for (const auto* r : {&timeout, &sample}) {
-    if (!*r) {
-      spdlog::error("{}", r->error().message);
-      return kExitConfig;
-    }
-  }
-  c.kafka_timeout_ms_value = *timeout;
-  c.sample_rows_value = *sample;
   std::vector<CheckResult> results = RunChecks(c);
   std::string text = c.output == "json" ? FormatChecksJson(results) : FormatChecksText(results);
   std::fwrite(text.data(), 1, text.size(), stdout);

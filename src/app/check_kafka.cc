@@ -39,7 +39,7 @@ class KafkaChecker : CheckList {
       return;
     }
     rd_kafka_t* rk = (*producer)->handle();
-    const std::chrono::milliseconds timeout(c_.kafka_timeout_ms_value);
+    const std::chrono::milliseconds timeout(c_.kafka_timeout_ms);
     auto cluster = kafka::DescribeCluster(rk, timeout);
     if (!cluster) {
       std::string refused = (*producer)->CredentialsError();

@@ -128,21 +128,13 @@ void AddCleanupFlags(CLI::App& app, CleanupConfig& c) {
   app.add_option("--database-url", c.database_url,
                  "PostgreSQL connection string or URI of the service database")
       ->envname("DATABASE_URL");
-  app.add_option("--retention-days", c.retention_days,
-                 "Delete acked rows created more than this many days ago (at least 3; more "
-                 "than 30 is allowed with a warning)")
-      ->envname("OUTBOX_RETENTION_DAYS")
-      ->type_name("INT")
-      ->capture_default_str();
-  app.add_option("--batch-size", c.batch_size, "Rows per DELETE statement")
-      ->envname("OUTBOX_BATCH_SIZE")
-      ->type_name("INT")
-      ->capture_default_str();
-  app.add_option("--batch-sleep-ms", c.batch_sleep_ms,
-                 "Pause between batches, so cleanup does not dominate the I/O")
-      ->envname("OUTBOX_BATCH_SLEEP_MS")
-      ->type_name("INT")
-      ->capture_default_str();
+  AddIntOption(app, "--retention-days", "OUTBOX_RETENTION_DAYS", &c.retention_days, 0, 36500,
+               "Delete acked rows created more than this many days ago (at least 3; more "
+               "than 30 is allowed with a warning)");
+  AddIntOption(app, "--batch-size", "OUTBOX_BATCH_SIZE", &c.batch_size, 1, 1'000'000,
+               "Rows per DELETE statement");
+  AddIntOption(app, "--batch-sleep-ms", "OUTBOX_BATCH_SLEEP_MS", &c.batch_sleep_ms, 0, 600'000,
+               "Pause between batches, so cleanup does not dominate the I/O");
   app.add_option("--table", c.table, "The outbox table, schema-qualified")
       ->envname("OUTBOX_TABLE")
       ->capture_default_str();
@@ -176,25 +168,14 @@ Status ValidateCleanup(CleanupConfig& c) {
   if (c.database_url.empty()) {
     return BadSetting("--database-url", "DATABASE_URL", "required, e.g. postgresql://user@host/db");
   }
-  auto days =
-      ParseIntSetting(c.retention_days, "--retention-days", "OUTBOX_RETENTION_DAYS", 0, 36500);
-  if (!days) return std::unexpected(days.error());
-  if (*days < kMinRetentionDays) {
+  if (c.retention_days < kMinRetentionDays) {
     return BadSetting(
         "--retention-days", "OUTBOX_RETENTION_DAYS",
         fmt::format("{} days is below the minimum of {}: acked rows are what a replay after a "
                     "weekend incident needs (the seed's rule: never less than 3 days, 7 "
                     "recommended)",
-                    *days, kMinRetentionDays));
+                    c.retention_days, kMinRetentionDays));
   }
-  c.retention_days_value = *days;
-  auto batch = ParseIntSetting(c.batch_size, "--batch-size", "OUTBOX_BATCH_SIZE", 1, 1'000'000);
-  if (!batch) return std::unexpected(batch.error());
-  c.batch_size_value = *batch;
-  auto sleep =
-      ParseIntSetting(c.batch_sleep_ms, "--batch-sleep-ms", "OUTBOX_BATCH_SLEEP_MS", 0, 600'000);
-  if (!sleep) return std::unexpected(sleep.error());
-  c.batch_sleep_ms_value = *sleep;
   auto table = pg::QualifiedName::Parse(c.table);
   if (!table) return BadSetting("--table", "OUTBOX_TABLE", table.error().message);
   c.table_name = *table;
@@ -217,7 +198,7 @@ Status ValidateCleanup(CleanupConfig& c) {
 
 Status PruneCommitIndex(pg::Connection& conn, const CleanupConfig& c,
                         std::span<const std::optional<std::string>> params, CleanupReport* report) {
-  const auto sleep = std::chrono::milliseconds(c.batch_sleep_ms_value);
+  const auto sleep = std::chrono::milliseconds(c.batch_sleep_ms);
   if (c.prune_commits) {
     auto exists = conn.Exec("SELECT to_regclass('outbox_relay.commits') IS NOT NULL");
     if (!exists) return std::unexpected(exists.error());
@@ -238,7 +219,7 @@ Status PruneCommitIndex(pg::Connection& conn, const CleanupConfig& c,
           " WHERE commit_time < $1::timestamptz ORDER BY slot_name, commit_lsn LIMIT $2::bigint"
           ") DELETE FROM outbox_relay.commits c USING victims v"
           " WHERE c.slot_name = v.slot_name AND c.commit_lsn = v.commit_lsn",
-          params, c.batch_size_value, sleep, "outbox_relay.commits");
+          params, c.batch_size, sleep, "outbox_relay.commits");
       if (!deleted) return std::unexpected(deleted.error());
       report->commit_rows = deleted->rows;
       report->commit_batches = deleted->batches;
@@ -261,7 +242,7 @@ Result<CleanupReport> RunCleanup(const CleanupConfig& c) {
 
   // One cutoff for the whole run (NOW() would move with every batch's transaction).
   {
-    std::optional<std::string> params[] = {std::to_string(c.retention_days_value)};
+    std::optional<std::string> params[] = {std::to_string(c.retention_days)};
     auto res = conn->ExecParams("SELECT (NOW() - make_interval(days => $1::int))::text", params);
     if (!res) return std::unexpected(res.error());
     report.cutoff = std::string(*pg::GetValue(res->get(), 0, 0));
@@ -269,16 +250,16 @@ Result<CleanupReport> RunCleanup(const CleanupConfig& c) {
   spdlog::info(
       "cleanup{}: {} rows acked and created before {} (retention {} days), batches of "
       "{}, {} ms apart",
-      c.dry_run ? " (dry run)" : "", c.table_name.ToString(), report.cutoff, c.retention_days_value,
-      c.batch_size_value, c.batch_sleep_ms_value);
+      c.dry_run ? " (dry run)" : "", c.table_name.ToString(), report.cutoff, c.retention_days,
+      c.batch_size, c.batch_sleep_ms);
 
   const std::string table = c.table_name.Quoted();
   const std::string acked = pg::QuoteIdent(c.acked_column);
   const std::string created = pg::QuoteIdent(c.created_at_column);
   const std::string xid = pg::QuoteIdent(c.transaction_id_column);
   const std::string off = pg::QuoteIdent(c.offset_column);
-  std::optional<std::string> params[] = {report.cutoff, std::to_string(c.batch_size_value)};
-  const auto sleep = std::chrono::milliseconds(c.batch_sleep_ms_value);
+  std::optional<std::string> params[] = {report.cutoff, std::to_string(c.batch_size)};
+  const auto sleep = std::chrono::milliseconds(c.batch_sleep_ms);
 
   {
     // The partial index on acked IS NULL makes this cheap.
@@ -307,7 +288,7 @@ Result<CleanupReport> RunCleanup(const CleanupConfig& c) {
         fmt::arg("table", table), fmt::arg("acked", acked), fmt::arg("created", created),
         fmt::arg("xid", xid), fmt::arg("off", off));
     auto deleted =
-        DeleteInBatches(*conn, sql, params, c.batch_size_value, sleep, c.table_name.ToString());
+        DeleteInBatches(*conn, sql, params, c.batch_size, sleep, c.table_name.ToString());
     if (!deleted) return std::unexpected(deleted.error());
     report.outbox_rows = deleted->rows;
     report.outbox_batches = deleted->batches;
@@ -326,11 +307,11 @@ int CleanupCommand(CleanupConfig& c) {
     spdlog::error("{}", st.error().message);
     return kExitConfig;
   }
-  if (c.retention_days_value > kWarnRetentionDays) {
+  if (c.retention_days > kWarnRetentionDays) {
     spdlog::warn(
         "OUTBOX_RETENTION_DAYS={} is above {}: allowed, but the table and its indexes "
         "grow and VACUUM suffers (the seed recommends 7)",
-        c.retention_days_value, kWarnRetentionDays);
+        c.retention_days, kWarnRetentionDays);
   }
   auto report = RunCleanup(c);
   if (!report) {
@@ -339,7 +320,7 @@ int CleanupCommand(CleanupConfig& c) {
   }
   const char* verb = c.dry_run ? "would delete" : "deleted";
   std::printf("cleanup%s: retention %lld days, cutoff %s\n", c.dry_run ? " (dry run)" : "",
-              static_cast<long long>(c.retention_days_value), report->cutoff.c_str());
+              static_cast<long long>(c.retention_days), report->cutoff.c_str());
   std::printf(c.watermill ? "cleanup: %s %lld rows from %s (processed by every consumer group, "
                             "created before the cutoff)"
                           : "cleanup: %s %lld rows from %s (acked, created before the cutoff)",

@@ -56,13 +56,13 @@ Result<CleanupReport> RunWatermillCleanup(const CleanupConfig& c) {
   if (!resolved) return std::unexpected(resolved.error());
   for (const std::string& why : resolved->skipped) spdlog::warn("not cleaned: {}", why);
   {
-    std::optional<std::string> params[] = {std::to_string(c.retention_days_value)};
+    std::optional<std::string> params[] = {std::to_string(c.retention_days)};
     auto res = conn->ExecParams("SELECT (NOW() - make_interval(days => $1::int))::text", params);
     if (!res) return std::unexpected(res.error());
     report.cutoff = std::string(*pg::GetValue(res->get(), 0, 0));
   }
-  std::optional<std::string> params[] = {report.cutoff, std::to_string(c.batch_size_value)};
-  const auto sleep = std::chrono::milliseconds(c.batch_sleep_ms_value);
+  std::optional<std::string> params[] = {report.cutoff, std::to_string(c.batch_size)};
+  const auto sleep = std::chrono::milliseconds(c.batch_sleep_ms);
   for (const pipeline::OutboxTable& t : resolved->tables) {
     std::optional<std::string> offsets[] = {t.offsets.Quoted()};
     auto exists = conn->ExecParams("SELECT to_regclass($1) IS NOT NULL", offsets);
@@ -119,7 +119,7 @@ Result<CleanupReport> RunWatermillCleanup(const CleanupConfig& c) {
       ++report.outbox_batches;
       spdlog::info("cleanup: {}: batch deleted {} rows; {} rows so far", t.name.ToString(), n,
                    deleted);
-      if (n < c.batch_size_value) break;
+      if (n < c.batch_size) break;
       if (sleep.count() > 0) std::this_thread::sleep_for(sleep);
     }
     report.outbox_rows += deleted;

@@ -35,6 +35,19 @@ Result<int64_t> ParseIntSetting(std::string_view text, std::string_view flag, st
   return value;
 }
 
+CLI::Option* AddIntOption(CLI::App& app, const std::string& flag, const std::string& env,
+                          int64_t* value, int64_t min, int64_t max, const std::string& help) {
+  auto parse = [=](const std::string& text) {
+    auto v = ParseIntSetting(text, flag, env, min, max);
+    if (!v) throw CLI::ValidationError(v.error().message);
+    *value = *v;
+  };
+  return app.add_option_function<std::string>(flag, parse, help)
+      ->envname(env)
+      ->type_name("INT")
+      ->default_str(std::to_string(*value));
+}
+
 std::string JsonQuote(std::string_view text) {
   std::string out;
   out.reserve(text.size() + 2);

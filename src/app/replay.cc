@@ -260,7 +260,7 @@ class Replayer {
                                            range.to,
                                            std::string("0/0"),
                                            std::to_string(std::numeric_limits<int64_t>::min()),
-                                           std::to_string(c_.page_rows_value)};
+                                           std::to_string(c_.page_rows)};
     pgoutput::TupleData tuple;
     while (true) {
       auto res = conn_.ExecParams(sql, params);
@@ -284,7 +284,7 @@ class Replayer {
       }
       params[3] = std::string(*pg::GetValue(r, n - 1, 0));
       params[4] = std::string(*pg::GetValue(r, n - 1, columns->offset));
-      if (n < c_.page_rows_value) break;
+      if (n < c_.page_rows) break;
     }
     current_complete_ = true;
     return Ok();
@@ -492,10 +492,8 @@ void AddReplayFlags(CLI::App& app, ReplayConfig& c) {
       ->envname("OUTBOX_REPLAY_TO_TIME");
   app.add_flag("--dry-run", c.dry_run, "Count the rows per topic and event type; produce nothing")
       ->envname("OUTBOX_REPLAY_DRY_RUN");
-  app.add_option("--page-rows", c.page_rows, "Rows read per query (memory stays bounded by it)")
-      ->envname("OUTBOX_REPLAY_PAGE_ROWS")
-      ->type_name("INT")
-      ->capture_default_str();
+  AddIntOption(app, "--page-rows", "OUTBOX_REPLAY_PAGE_ROWS", &c.page_rows, 1, 1'000'000,
+               "Rows read per query (memory stays bounded by it)");
   app.footer(
       "Replay re-publishes, in original commit order, the rows (still in the table) of the\n"
       "transactions that the commit-LSN index (outbox_relay.commits) lists for --slot in the\n"
@@ -558,9 +556,6 @@ Status ValidateReplay(ReplayConfig& c) {
       }
     }
   }
-  auto page = ParseIntSetting(c.page_rows, "--page-rows", "OUTBOX_REPLAY_PAGE_ROWS", 1, 1'000'000);
-  if (!page) return std::unexpected(page.error());
-  c.page_rows_value = *page;
   return Ok();
 }
 

@@ -32,13 +32,9 @@ namespace outbox_relay::app {
 struct CheckConfig {
   RelayConfig relay;
   std::string output = "text";  // text | json
-  std::string kafka_timeout_ms = "5000";
-  std::string sample_rows = "1000";  // recent rows whose topics are checked
-  std::string standby_url;           // a physical standby to check for failover (17+)
-
-  // Filled by the command:
-  int64_t kafka_timeout_ms_value = 5000;
-  int64_t sample_rows_value = 1000;
+  int64_t kafka_timeout_ms = 5000;
+  int64_t sample_rows = 1000;  // recent rows whose topics are checked
+  std::string standby_url;     // a physical standby to check for failover (17+)
 };
 
 enum class CheckStatus { kOk, kWarn, kFail };

@@ -48,11 +48,9 @@ struct CleanupConfig {
   std::string created_at_column = "created_at";
   std::string transaction_id_column = "transaction_id";
   std::string offset_column = "offset_consumed";
-  // As given (flag or environment), checked by ValidateCleanup so that a bad
-  // value exits 2 with a message naming the variable.
-  std::string retention_days = "7";
-  std::string batch_size = "10000";
-  std::string batch_sleep_ms = "500";
+  int64_t retention_days = 7;  // at least kMinRetentionDays (ValidateCleanup)
+  int64_t batch_size = 10000;
+  int64_t batch_sleep_ms = 500;
   bool prune_commits = true;
   bool dry_run = false;
   LogConfig log;
@@ -62,9 +60,6 @@ struct CleanupConfig {
 
   // Filled by ValidateCleanup():
   pg::QualifiedName table_name;
-  int64_t retention_days_value = 7;
-  int64_t batch_size_value = 10000;
-  int64_t batch_sleep_ms_value = 500;
   bool watermill = false;
   pipeline::WatermillSettings watermill_settings;
 };

@@ -21,7 +21,8 @@
 
 namespace CLI {
 class App;
-}
+class Option;
+}  // namespace CLI
 
 namespace outbox_relay::app {
 
@@ -42,6 +43,13 @@ std::unexpected<Error> BadSetting(std::string_view flag, std::string_view env,
 // A decimal integer in [min, max]; otherwise a BadSetting naming flag and env.
 Result<int64_t> ParseIntSetting(std::string_view text, std::string_view flag, std::string_view env,
                                 int64_t min, int64_t max);
+
+// Integer option `flag` with environment variable `env`, stored in `*value`,
+// whose value at the call is the default. A value that is not an integer in
+// [min, max] fails the parse (exit 2) with ParseIntSetting's message, which
+// names the variable too (CLI11's own conversion error names only the flag).
+CLI::Option* AddIntOption(CLI::App& app, const std::string& flag, const std::string& env,
+                          int64_t* value, int64_t min, int64_t max, const std::string& help);
 
 // `text` as a JSON string literal, quotes included (control characters,
 // quotes and backslashes escaped; other bytes as they are).

@@ -65,13 +65,12 @@ struct ReplayConfig {
   std::string from_time;
   std::string to_time;
   bool dry_run = false;
-  std::string page_rows = "5000";
+  int64_t page_rows = 5000;
 
   // Filled by ValidateReplay():
   bool by_time = false;
   Lsn from;
   Lsn to{~uint64_t{0}};
-  int64_t page_rows_value = 5000;
 };
 
 // run's flags (AddRunFlags, AddLogFlags) plus the range and --dry-run.

@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -84,6 +85,18 @@ TEST(OpsHelpers, ParseIntSettingNamesTheSetting) {
   EXPECT_EQ(ExitCodeOf(Error{ErrorCode::kTransient, "x"}), kExitFailure);
 }
 
+// Parses `args` (an integer option's bad value fails there, as CLI11's
+// ValidationError, which main turns into exit 2) and then validates.
+Status ParseThenValidate(CLI::App& app, const std::string& args,
+                         const std::function<Status()>& validate) {
+  try {
+    app.parse(args, false);
+  } catch (const CLI::ParseError& e) {
+    return Fail(ErrorCode::kInvalidArgument, "{}", e.what());
+  }
+  return validate();
+}
+
 TEST(OpsCleanupSettings, SeedDefaultsFromTheEnvironment) {
   ScopedEnv url("DATABASE_URL", "postgresql://x@y/z");
   CLI::App app;
@@ -91,9 +104,9 @@ TEST(OpsCleanupSettings, SeedDefaultsFromTheEnvironment) {
   AddCleanupFlags(app, c);
   app.parse("", false);
   ASSERT_TRUE(ValidateCleanup(c));
-  EXPECT_EQ(c.retention_days_value, 7);
-  EXPECT_EQ(c.batch_size_value, 10000);
-  EXPECT_EQ(c.batch_sleep_ms_value, 500);
+  EXPECT_EQ(c.retention_days, 7);
+  EXPECT_EQ(c.batch_size, 10000);
+  EXPECT_EQ(c.batch_sleep_ms, 500);
   EXPECT_EQ(c.table_name.ToString(), "public.outbox");
   EXPECT_EQ(c.acked_column, "offset_acked");
   EXPECT_EQ(c.created_at_column, "created_at");
@@ -131,8 +144,8 @@ TEST(OpsCleanupSettings, FlagsOverrideAndBadValuesNameTheirVariable) {
   AddCleanupFlags(app, c);
   app.parse("--batch-size 7 --batch-sleep-ms 0 --table s.t --dry-run", false);
   ASSERT_TRUE(ValidateCleanup(c));
-  EXPECT_EQ(c.batch_size_value, 7);
-  EXPECT_EQ(c.batch_sleep_ms_value, 0);
+  EXPECT_EQ(c.batch_size, 7);
+  EXPECT_EQ(c.batch_sleep_ms, 0);
   EXPECT_EQ(c.table_name.ToString(), "s.t");
   EXPECT_TRUE(c.dry_run);
 
@@ -142,14 +155,27 @@ TEST(OpsCleanupSettings, FlagsOverrideAndBadValuesNameTheirVariable) {
   };
   for (const Case& k : {Case{"--batch-size 0", "OUTBOX_BATCH_SIZE"},
                         Case{"--batch-sleep-ms -1", "OUTBOX_BATCH_SLEEP_MS"},
+                        Case{"--retention-days x", "OUTBOX_RETENTION_DAYS"},
                         Case{"--table a.b.c", "OUTBOX_TABLE"}}) {
     CLI::App a;
     CleanupConfig cc;
     AddCleanupFlags(a, cc);
-    a.parse(k.args, false);
-    auto st = ValidateCleanup(cc);
+    auto st = ParseThenValidate(a, k.args, [&] { return ValidateCleanup(cc); });
     ASSERT_FALSE(st) << k.args;
     EXPECT_NE(st.error().message.find(k.names), std::string::npos) << st.error().message;
+  }
+  // A bad value from the environment fails the same way, naming the variable.
+  {
+    ScopedEnv bad_sleep("OUTBOX_BATCH_SLEEP_MS", "soon");
+    CLI::App e;
+    CleanupConfig ce;
+    AddCleanupFlags(e, ce);
+    auto from_env = ParseThenValidate(e, "", [&] { return ValidateCleanup(ce); });
+    ASSERT_FALSE(from_env);
+    EXPECT_NE(
+        from_env.error().message.find("--batch-sleep-ms (OUTBOX_BATCH_SLEEP_MS): 'soon' is not"),
+        std::string::npos)
+        << from_env.error().message;
   }
   ScopedEnv no_url("DATABASE_URL", "");
   CLI::App a;
@@ -165,8 +191,12 @@ Result<ReplayConfig> ParseReplay(const std::string& args) {
   CLI::App app;
   ReplayConfig c;
   AddReplayFlags(app, c);
-  app.parse("--database-url postgresql://x@y/z --kafka-brokers k:9092 " + args, false);
-  if (auto st = ValidateReplay(c); !st) return std::unexpected(st.error());
+  if (auto st =
+          ParseThenValidate(app, "--database-url postgresql://x@y/z --kafka-brokers k:9092 " + args,
+                            [&] { return ValidateReplay(c); });
+      !st) {
+    return std::unexpected(st.error());
+  }
   return c;
 }
 
