@@ -689,9 +689,7 @@ class Checker : CheckList {
 void AddCheckFlags(CLI::App& app, CheckConfig& c) {
   AddRunFlags(app, c.relay);
   AddLogFlags(app, c.relay.log);
-  app.add_option("--output", c.output, "Output format: text or json")
-      ->envname("OUTBOX_OUTPUT")
-      ->capture_default_str();
+  AddOutputOption(app, &c.output);
   AddIntOption(app, "--kafka-timeout-ms", "OUTBOX_CHECK_KAFKA_TIMEOUT_MS", &c.kafka_timeout_ms, 100,
                600'000, "How long to wait for a broker to answer the metadata request");
   app.add_option("--standby-url", c.standby_url,
@@ -742,15 +740,9 @@ int CheckCommand(CheckConfig& c) {
     spdlog::error("{}", st.error().message);
     return kExitConfig;
   }
-  if (c.output != "text" && c.output != "json") {
-    spdlog::error("{}", BadSetting("--output", "OUTBOX_OUTPUT",
-                                   fmt::format("'{}': use text or json", c.output))
-                            .error()
-                            .message);
-    return kExitConfig;
-  }
   std::vector<CheckResult> results = RunChecks(c);
-  std::string text = c.output == "json" ? FormatChecksJson(results) : FormatChecksText(results);
+  std::string text =
+      c.output == OutputFormat::kJson ? FormatChecksJson(results) : FormatChecksText(results);
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fflush(stdout);
   bool failed = std::any_of(results.begin(), results.end(),

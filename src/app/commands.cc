@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <charconv>
 #include <exception>
 #include <iterator>
@@ -46,6 +47,35 @@ CLI::Option* AddIntOption(CLI::App& app, const std::string& flag, const std::str
       ->envname(env)
       ->type_name("INT")
       ->default_str(std::to_string(*value));
+}
+
+CLI::Option* AddChoiceOption(CLI::App& app, const std::string& flag, const std::string& env,
+                             std::vector<std::string> names, size_t current,
+                             std::function<void(size_t)> set, const std::string& help) {
+  std::string listed;  // "a, b or c"
+  std::string set_of;  // "{a,b,c}", as CLI11 shows its IsMember check
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (i > 0) listed += i + 1 == names.size() ? " or " : ", ";
+    listed += names[i];
+    set_of += (i > 0 ? "," : "") + names[i];
+  }
+  std::string default_name = current < names.size() ? names[current] : "";
+  auto parse = [=, set = std::move(set)](const std::string& text) {
+    auto it = std::find(names.begin(), names.end(), text);
+    if (it == names.end()) {
+      throw CLI::ValidationError(
+          BadSetting(flag, env, fmt::format("'{}': use {}", text, listed)).error().message);
+    }
+    set(static_cast<size_t>(it - names.begin()));
+  };
+  return app.add_option_function<std::string>(flag, parse, help + ": " + listed)
+      ->envname(env)
+      ->type_name("TEXT:{" + set_of + "}")
+      ->default_str(default_name);
+}
+
+CLI::Option* AddOutputOption(CLI::App& app, OutputFormat* value) {
+  return AddEnumOption(app, "--output", "OUTBOX_OUTPUT", value, {"text", "json"}, "Output format");
 }
 
 std::string JsonQuote(std::string_view text) {

@@ -2,13 +2,11 @@
 
 #include <CLI/CLI.hpp>
 
+#include "outbox_relay/app/commands.h"
+
 namespace outbox_relay::app {
 
 namespace {
-
-std::unexpected<Error> Bad(std::string_view flag, std::string_view env, std::string_view why) {
-  return Fail(ErrorCode::kInvalidArgument, "invalid setting {} ({}): {}", flag, env, why);
-}
 
 std::vector<std::string> SplitCommas(std::string_view text) {
   std::vector<std::string> out;
@@ -28,10 +26,8 @@ std::vector<std::string> SplitCommas(std::string_view text) {
 }  // namespace
 
 void AddLogFlags(CLI::App& app, LogConfig& c) {
-  app.add_option("--log-format", c.format, "Log format: text or json")
-      ->envname("OUTBOX_LOG_FORMAT")
-      ->check(CLI::IsMember({"text", "json"}))
-      ->capture_default_str();
+  AddEnumOption(app, "--log-format", "OUTBOX_LOG_FORMAT", &c.format, {"text", "json"},
+                "Log format");
   app.add_option("--log-level", c.level, "Log level: trace, debug, info, warn, error")
       ->envname("OUTBOX_LOG_LEVEL")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
@@ -289,8 +285,8 @@ void AddWatermillTableFlags(CLI::App& app, WatermillFlags& f) {
 Status ParseWatermillFlags(const WatermillFlags& f, bool* watermill,
                            pipeline::WatermillSettings* settings) {
   if (f.table_mode != "seed" && f.table_mode != "watermill") {
-    return Bad("--table-mode", "OUTBOX_TABLE_MODE",
-               fmt::format("'{}': seed or watermill", f.table_mode));
+    return BadSetting("--table-mode", "OUTBOX_TABLE_MODE",
+                      fmt::format("'{}': seed or watermill", f.table_mode));
   }
   *watermill = f.table_mode == "watermill";
   pipeline::WatermillSettings& w = *settings;
@@ -308,22 +304,22 @@ Status ParseWatermillFlags(const WatermillFlags& f, bool* watermill,
              &f.forwarder_tables, &w.forwarder_tables}}) {
     for (const std::string& item : SplitCommas(*list.text)) {
       auto name = pg::QualifiedName::Parse(item);
-      if (!name) return Bad(list.flag, list.env, name.error().message);
+      if (!name) return BadSetting(list.flag, list.env, name.error().message);
       list.out->push_back(*name);
     }
   }
   if (!f.pattern.empty()) {
     auto pattern = pg::QualifiedName::Parse(f.pattern);
     if (!pattern) {
-      return Bad("--watermill-table-pattern", "OUTBOX_WATERMILL_TABLE_PATTERN",
-                 pattern.error().message);
+      return BadSetting("--watermill-table-pattern", "OUTBOX_WATERMILL_TABLE_PATTERN",
+                        pattern.error().message);
     }
     w.pattern = *pattern;
   }
   if (w.tables.empty() && w.forwarder_tables.empty() && !w.pattern) {
-    return Bad("--watermill-tables", "OUTBOX_WATERMILL_TABLES",
-               "--table-mode=watermill needs tables: --watermill-tables, "
-               "--watermill-forwarder-tables or --watermill-table-pattern");
+    return BadSetting("--watermill-tables", "OUTBOX_WATERMILL_TABLES",
+                      "--table-mode=watermill needs tables: --watermill-tables, "
+                      "--watermill-forwarder-tables or --watermill-table-pattern");
   }
   struct Map {
     const char* flag;
@@ -338,14 +334,14 @@ Status ParseWatermillFlags(const WatermillFlags& f, bool* watermill,
     for (const std::string& item : SplitCommas(*map.text)) {
       size_t eq = item.rfind('=');
       if (eq == std::string::npos || eq == 0 || eq + 1 == item.size()) {
-        return Bad(map.flag, map.env, fmt::format("'{}' is not table=value", item));
+        return BadSetting(map.flag, map.env, fmt::format("'{}' is not table=value", item));
       }
       auto table = pg::QualifiedName::Parse(item.substr(0, eq));
-      if (!table) return Bad(map.flag, map.env, table.error().message);
+      if (!table) return BadSetting(map.flag, map.env, table.error().message);
       std::string value = item.substr(eq + 1);
       if (map.offsets) {
         auto offsets = pg::QualifiedName::Parse(value);
-        if (!offsets) return Bad(map.flag, map.env, offsets.error().message);
+        if (!offsets) return BadSetting(map.flag, map.env, offsets.error().message);
         w.offsets[table->ToString()] = *offsets;
       } else {
         w.topics[table->ToString()] = value;
@@ -462,12 +458,12 @@ namespace {
 // --table-mode=watermill: the table lists, pattern and maps, parsed.
 Status ValidateWatermill(RelayConfig& c) {
   if (c.watermill_discover_interval_s < 1) {
-    return Bad("--watermill-discover-interval-s", "OUTBOX_WATERMILL_DISCOVER_INTERVAL_S",
-               "must be >= 1");
+    return BadSetting("--watermill-discover-interval-s", "OUTBOX_WATERMILL_DISCOVER_INTERVAL_S",
+                      "must be >= 1");
   }
   if (c.watermill_join_lock_timeout_ms < 10) {
-    return Bad("--watermill-join-lock-timeout-ms", "OUTBOX_WATERMILL_JOIN_LOCK_TIMEOUT_MS",
-               "must be >= 10");
+    return BadSetting("--watermill-join-lock-timeout-ms", "OUTBOX_WATERMILL_JOIN_LOCK_TIMEOUT_MS",
+                      "must be >= 10");
   }
   c.watermill_flags.consumer_group = c.watermill_consumer_group;
   return ParseWatermillFlags(c.watermill_flags, &c.watermill, &c.watermill_settings);
@@ -508,22 +504,24 @@ Status ValidateNetwork(RelayConfig& c) {
        }) {
     if (r.value == 0 && r.zero_ok) continue;
     if (r.value < r.min || r.value > r.max) {
-      return Bad(r.flag, r.env,
-                 fmt::format("{} is out of range: {}{}..{}", r.value, r.zero_ok ? "0 or " : "",
-                             r.min, r.max));
+      return BadSetting(r.flag, r.env,
+                        fmt::format("{} is out of range: {}{}..{}", r.value,
+                                    r.zero_ok ? "0 or " : "", r.min, r.max));
     }
   }
   if (c.pg_receive_timeout_ms > 0 && c.pg_receive_timeout_ms < 2 * c.status_interval_ms) {
-    return Bad("--pg-receive-timeout-ms", "OUTBOX_PG_RECEIVE_TIMEOUT_MS",
-               fmt::format("{} ms is less than two status intervals (--status-interval-ms {}): "
-                           "a reply request needs one to go out and one to come back",
-                           c.pg_receive_timeout_ms, c.status_interval_ms));
+    return BadSetting(
+        "--pg-receive-timeout-ms", "OUTBOX_PG_RECEIVE_TIMEOUT_MS",
+        fmt::format("{} ms is less than two status intervals (--status-interval-ms {}): "
+                    "a reply request needs one to go out and one to come back",
+                    c.pg_receive_timeout_ms, c.status_interval_ms));
   }
   if (c.kafka_delivery_timeout_ms > 0 && c.kafka_delivery_timeout_ms < c.kafka_socket_timeout_ms) {
-    return Bad("--kafka-delivery-timeout-ms", "OUTBOX_KAFKA_DELIVERY_TIMEOUT_MS",
-               fmt::format("{} ms is below --kafka-socket-timeout-ms ({} ms): a request to a "
-                           "silent broker could not even be retried once",
-                           c.kafka_delivery_timeout_ms, c.kafka_socket_timeout_ms));
+    return BadSetting(
+        "--kafka-delivery-timeout-ms", "OUTBOX_KAFKA_DELIVERY_TIMEOUT_MS",
+        fmt::format("{} ms is below --kafka-socket-timeout-ms ({} ms): a request to a "
+                    "silent broker could not even be retried once",
+                    c.kafka_delivery_timeout_ms, c.kafka_socket_timeout_ms));
   }
   c.pg_network.connect_timeout_s = static_cast<int>(c.pg_connect_timeout_s);
   c.pg_network.tcp_user_timeout_ms = static_cast<int>(c.pg_tcp_user_timeout_ms);
@@ -538,45 +536,47 @@ Status ValidateNetwork(RelayConfig& c) {
 
 Status Validate(RelayConfig& c) {
   if (c.database_url.empty()) {
-    return Bad("--database-url", "DATABASE_URL", "required, e.g. postgresql://user@host/db");
+    return BadSetting("--database-url", "DATABASE_URL", "required, e.g. postgresql://user@host/db");
   }
   // The flags are checked by CLI11 (IsMember); a config built in code is checked here.
   if (c.sink_flag != "kafka" && c.sink_flag != "null") {
-    return Bad("--sink", "OUTBOX_SINK", fmt::format("'{}': kafka or null", c.sink_flag));
+    return BadSetting("--sink", "OUTBOX_SINK", fmt::format("'{}': kafka or null", c.sink_flag));
   }
   if (c.on_poison_flag != "dlq" && c.on_poison_flag != "halt") {
-    return Bad("--on-poison", "OUTBOX_ON_POISON",
-               fmt::format("'{}': dlq or halt", c.on_poison_flag));
+    return BadSetting("--on-poison", "OUTBOX_ON_POISON",
+                      fmt::format("'{}': dlq or halt", c.on_poison_flag));
   }
   if (c.on_slot_lost_flag != "reconcile" && c.on_slot_lost_flag != "fail") {
-    return Bad("--on-slot-lost", "OUTBOX_ON_SLOT_LOST",
-               fmt::format("'{}': reconcile or fail", c.on_slot_lost_flag));
+    return BadSetting("--on-slot-lost", "OUTBOX_ON_SLOT_LOST",
+                      fmt::format("'{}': reconcile or fail", c.on_slot_lost_flag));
   }
   c.sink = c.sink_flag == "null" ? SinkKind::kNull : SinkKind::kKafka;
   if (c.delivery_flag != "at-least-once" && c.delivery_flag != "exactly-once") {
-    return Bad("--delivery", "OUTBOX_DELIVERY",
-               fmt::format("'{}': at-least-once or exactly-once", c.delivery_flag));
+    return BadSetting("--delivery", "OUTBOX_DELIVERY",
+                      fmt::format("'{}': at-least-once or exactly-once", c.delivery_flag));
   }
   c.delivery =
       c.delivery_flag == "exactly-once" ? DeliveryMode::kExactlyOnce : DeliveryMode::kAtLeastOnce;
   if (c.delivery == DeliveryMode::kExactlyOnce) {
     if (c.sink != SinkKind::kKafka) {
-      return Bad("--delivery", "OUTBOX_DELIVERY", "exactly-once needs --sink kafka");
+      return BadSetting("--delivery", "OUTBOX_DELIVERY", "exactly-once needs --sink kafka");
     }
     if (c.progress_topic.empty()) {
-      return Bad("--progress-topic", "OUTBOX_PROGRESS_TOPIC", "empty with --delivery=exactly-once");
+      return BadSetting("--progress-topic", "OUTBOX_PROGRESS_TOPIC",
+                        "empty with --delivery=exactly-once");
     }
     if (c.txn_interval_ms < 1 || c.txn_interval_ms > 60000) {
-      return Bad("--txn-interval-ms", "OUTBOX_TXN_INTERVAL_MS", "must be 1..60000");
+      return BadSetting("--txn-interval-ms", "OUTBOX_TXN_INTERVAL_MS", "must be 1..60000");
     }
-    if (c.txn_max_rows < 1) return Bad("--txn-max-rows", "OUTBOX_TXN_MAX_ROWS", "must be >= 1");
+    if (c.txn_max_rows < 1)
+      return BadSetting("--txn-max-rows", "OUTBOX_TXN_MAX_ROWS", "must be >= 1");
     if (c.transaction_timeout_ms < 1000 || c.transaction_timeout_ms > 900000) {
-      return Bad("--transaction-timeout-ms", "OUTBOX_TRANSACTION_TIMEOUT_MS",
-                 "must be 1000..900000 (the broker's transaction.max.timeout.ms is 15 min)");
+      return BadSetting("--transaction-timeout-ms", "OUTBOX_TRANSACTION_TIMEOUT_MS",
+                        "must be 1000..900000 (the broker's transaction.max.timeout.ms is 15 min)");
     }
     if (c.txn_interval_ms * 4 > c.transaction_timeout_ms) {
-      return Bad("--txn-interval-ms", "OUTBOX_TXN_INTERVAL_MS",
-                 "must be well below --transaction-timeout-ms (a quarter of it at most)");
+      return BadSetting("--txn-interval-ms", "OUTBOX_TXN_INTERVAL_MS",
+                        "must be well below --transaction-timeout-ms (a quarter of it at most)");
     }
   }
   c.on_poison =
@@ -584,20 +584,22 @@ Status Validate(RelayConfig& c) {
   c.on_slot_lost = c.on_slot_lost_flag == "fail" ? pipeline::OnSlotLost::kFail
                                                  : pipeline::OnSlotLost::kReconcile;
   if (c.sink == SinkKind::kKafka && c.kafka_brokers.empty()) {
-    return Bad("--kafka-brokers", "KAFKA_BROKERS", "required, e.g. kafka-0:9092,kafka-1:9092");
+    return BadSetting("--kafka-brokers", "KAFKA_BROKERS",
+                      "required, e.g. kafka-0:9092,kafka-1:9092");
   }
   auto table = pg::QualifiedName::Parse(c.table);
-  if (!table) return Bad("--table", "OUTBOX_TABLE", table.error().message);
+  if (!table) return BadSetting("--table", "OUTBOX_TABLE", table.error().message);
   c.table_name = *table;
-  if (c.publication.empty()) return Bad("--publication", "OUTBOX_PUBLICATION", "empty");
+  if (c.publication.empty()) return BadSetting("--publication", "OUTBOX_PUBLICATION", "empty");
   // Slot names: lower-case letters, digits and underscores, at most 63 (NAMEDATALEN-1).
   if (c.slot.empty() || c.slot.size() > 63 ||
       c.slot.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != std::string::npos) {
-    return Bad("--slot", "OUTBOX_SLOT",
-               fmt::format("'{}': use 1-63 lower-case letters, digits and underscores", c.slot));
+    return BadSetting(
+        "--slot", "OUTBOX_SLOT",
+        fmt::format("'{}': use 1-63 lower-case letters, digits and underscores", c.slot));
   }
   if (auto t = outbox::TopicTemplate::Compile(c.mapper.topic_template); !t) {
-    return Bad("--topic-template", "OUTBOX_TOPIC_TEMPLATE", t.error().message);
+    return BadSetting("--topic-template", "OUTBOX_TOPIC_TEMPLATE", t.error().message);
   }
   struct NamedColumn {
     const char* flag;
@@ -612,41 +614,45 @@ Status Validate(RelayConfig& c) {
                        &c.columns.transaction_id},
            NamedColumn{"--column-offset", "OUTBOX_COLUMN_OFFSET", &c.columns.offset},
        }) {
-    if (col.value->empty()) return Bad(col.flag, col.env, "empty column name");
+    if (col.value->empty()) return BadSetting(col.flag, col.env, "empty column name");
   }
   if (c.mark && c.acked_column.empty()) {
-    return Bad("--column-acked", "OUTBOX_COLUMN_ACKED", "empty; use --mark=false to not mark");
+    return BadSetting("--column-acked", "OUTBOX_COLUMN_ACKED",
+                      "empty; use --mark=false to not mark");
   }
-  if (c.max_in_flight < 1) return Bad("--max-in-flight", "OUTBOX_MAX_IN_FLIGHT", "must be >= 1");
-  if (c.marker_batch < 1) return Bad("--marker-batch", "OUTBOX_MARKER_BATCH", "must be >= 1");
+  if (c.max_in_flight < 1)
+    return BadSetting("--max-in-flight", "OUTBOX_MAX_IN_FLIGHT", "must be >= 1");
+  if (c.marker_batch < 1)
+    return BadSetting("--marker-batch", "OUTBOX_MARKER_BATCH", "must be >= 1");
   if (c.marker_interval_ms < 0 || c.marker_interval_ms > 1000) {
-    return Bad("--marker-interval-ms", "OUTBOX_MARKER_INTERVAL_MS", "must be 0..1000");
+    return BadSetting("--marker-interval-ms", "OUTBOX_MARKER_INTERVAL_MS", "must be 0..1000");
   }
   if (c.status_interval_ms < 10 || c.status_interval_ms > 60000) {
-    return Bad("--status-interval-ms", "OUTBOX_STATUS_INTERVAL_MS", "must be 10..60000");
+    return BadSetting("--status-interval-ms", "OUTBOX_STATUS_INTERVAL_MS", "must be 10..60000");
   }
   if (c.shutdown_timeout_ms < 0) {
-    return Bad("--shutdown-timeout-ms", "OUTBOX_SHUTDOWN_TIMEOUT_MS", "must be >= 0");
+    return BadSetting("--shutdown-timeout-ms", "OUTBOX_SHUTDOWN_TIMEOUT_MS", "must be >= 0");
   }
   if (c.on_poison == pipeline::OnPoison::kDeadLetter && c.dlq_topic.empty()) {
-    return Bad("--dlq-topic", "OUTBOX_DLQ_TOPIC", "empty while --on-poison=dlq");
+    return BadSetting("--dlq-topic", "OUTBOX_DLQ_TOPIC", "empty while --on-poison=dlq");
   }
   if (c.dlq_max_bytes < 1024)
-    return Bad("--dlq-max-bytes", "OUTBOX_DLQ_MAX_BYTES", "must be >= 1024");
-  if (c.backfill_batch < 1) return Bad("--backfill-batch", "OUTBOX_BACKFILL_BATCH", "must be >= 1");
+    return BadSetting("--dlq-max-bytes", "OUTBOX_DLQ_MAX_BYTES", "must be >= 1024");
+  if (c.backfill_batch < 1)
+    return BadSetting("--backfill-batch", "OUTBOX_BACKFILL_BATCH", "must be >= 1");
   if (c.topic_partitions < 1) {
-    return Bad("--topic-partitions", "OUTBOX_TOPIC_PARTITIONS", "must be >= 1");
+    return BadSetting("--topic-partitions", "OUTBOX_TOPIC_PARTITIONS", "must be >= 1");
   }
   if (c.topic_replication_factor == 0 || c.topic_replication_factor < -1) {
-    return Bad("--topic-replication-factor", "OUTBOX_TOPIC_REPLICATION_FACTOR",
-               "must be -1 (broker default) or >= 1");
+    return BadSetting("--topic-replication-factor", "OUTBOX_TOPIC_REPLICATION_FACTOR",
+                      "must be -1 (broker default) or >= 1");
   }
   if (c.row_count_interval_s < 1) {
-    return Bad("--row-count-interval-s", "OUTBOX_ROW_COUNT_INTERVAL_S", "must be >= 1");
+    return BadSetting("--row-count-interval-s", "OUTBOX_ROW_COUNT_INTERVAL_S", "must be >= 1");
   }
   if (c.uuid_in_metadata_flag != "watermill" && c.uuid_in_metadata_flag != "drop") {
-    return Bad("--uuid-in-metadata", "OUTBOX_UUID_IN_METADATA",
-               fmt::format("'{}': watermill or drop", c.uuid_in_metadata_flag));
+    return BadSetting("--uuid-in-metadata", "OUTBOX_UUID_IN_METADATA",
+                      fmt::format("'{}': watermill or drop", c.uuid_in_metadata_flag));
   }
   c.mapper.uuid_in_metadata = c.uuid_in_metadata_flag == "drop"
                                   ? outbox::UuidInMetadata::kDrop
@@ -655,9 +661,10 @@ Status Validate(RelayConfig& c) {
   if (c.watermill && c.delivery == DeliveryMode::kExactlyOnce) {
     // The Watermill tables' progress is the consumer group's offsets in
     // PostgreSQL, which a Kafka transaction cannot hold.
-    return Bad("--delivery", "OUTBOX_DELIVERY",
-               "exactly-once is not available with --table-mode=watermill (use at-least-once; "
-               "Watermill's consumers deduplicate)");
+    return BadSetting(
+        "--delivery", "OUTBOX_DELIVERY",
+        "exactly-once is not available with --table-mode=watermill (use at-least-once; "
+        "Watermill's consumers deduplicate)");
   }
   if (auto st = ValidateNetwork(c); !st) return st;
   // Properties: flags first, then the environment list.
@@ -671,11 +678,12 @@ Status Validate(RelayConfig& c) {
     size_t eq = p.find('=');
     if (eq == std::string::npos || eq == 0) {
       // Not repeated: the text may be (part of) a secret.
-      return Bad("--kafka-property", "OUTBOX_KAFKA_PROPERTIES",
-                 fmt::format("property {} of {} is not key=value (a ';' inside a value is "
-                             "written \\; in OUTBOX_KAFKA_PROPERTIES, or give one property per "
-                             "line)",
-                             i + 1, props.size()));
+      return BadSetting(
+          "--kafka-property", "OUTBOX_KAFKA_PROPERTIES",
+          fmt::format("property {} of {} is not key=value (a ';' inside a value is "
+                      "written \\; in OUTBOX_KAFKA_PROPERTIES, or give one property per "
+                      "line)",
+                      i + 1, props.size()));
     }
     c.kafka_property_pairs.emplace_back(p.substr(0, eq), p.substr(eq + 1));
   }

@@ -73,7 +73,7 @@ class TextFormatter final : public spdlog::formatter {
 void SetupLogging(const LogConfig& config) {
   // Logs go to stderr; stdout stays free for command output (check, slot status).
   auto logger = spdlog::stderr_logger_mt("outbox-relay");
-  if (config.format == "json") {
+  if (config.format == LogFormat::kJson) {
     logger->set_formatter(std::make_unique<JsonFormatter>());
   } else {
     logger->set_formatter(std::make_unique<TextFormatter>());

@@ -46,9 +46,6 @@ Status Validate(const SlotCommandConfig& c) {
     return BadSetting("--database-url", "DATABASE_URL", "required, e.g. postgresql://user@host/db");
   }
   if (c.slot.empty()) return BadSetting("--slot", "OUTBOX_SLOT", "empty");
-  if (c.output != "text" && c.output != "json") {
-    return BadSetting("--output", "OUTBOX_OUTPUT", fmt::format("'{}': use text or json", c.output));
-  }
   return Ok();
 }
 
@@ -75,9 +72,7 @@ const SlotStateRow* SlotReport::FindState(std::string_view key) const {
 
 void AddSlotStatusFlags(CLI::App& app, SlotCommandConfig& c) {
   AddCommonFlags(app, c);
-  app.add_option("--output", c.output, "Output format: text or json")
-      ->envname("OUTBOX_OUTPUT")
-      ->capture_default_str();
+  AddOutputOption(app, &c.output);
   app.add_option("--kafka-brokers", c.kafka_brokers,
                  "Also show the exactly-once progress Kafka holds (--delivery=exactly-once) "
                  "next to the slot's confirmed position")
@@ -423,8 +418,8 @@ int SlotStatusCommand(SlotCommandConfig& c) {
     return kExitFailure;
   }
   if (!c.kafka_brokers.empty()) report->kafka = ReadKafkaSide(c);
-  std::string text =
-      c.output == "json" ? FormatSlotReportJson(*report) : FormatSlotReportText(*report);
+  std::string text = c.output == OutputFormat::kJson ? FormatSlotReportJson(*report)
+                                                     : FormatSlotReportText(*report);
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fflush(stdout);
   return kExitOk;

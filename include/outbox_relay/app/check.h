@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "outbox_relay/app/commands.h"
 #include "outbox_relay/app/config.h"
 #include "outbox_relay/pg/connection.h"
 
@@ -31,7 +32,7 @@ namespace outbox_relay::app {
 
 struct CheckConfig {
   RelayConfig relay;
-  std::string output = "text";  // text | json
+  OutputFormat output = OutputFormat::kText;
   int64_t kafka_timeout_ms = 5000;
   int64_t sample_rows = 1000;  // recent rows whose topics are checked
   std::string standby_url;     // a physical standby to check for failover (17+)

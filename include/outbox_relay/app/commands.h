@@ -13,9 +13,12 @@
 // Command results go to stdout; logs (spdlog) to stderr.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "outbox_relay/core/result.h"
 
@@ -50,6 +53,26 @@ Result<int64_t> ParseIntSetting(std::string_view text, std::string_view flag, st
 // names the variable too (CLI11's own conversion error names only the flag).
 CLI::Option* AddIntOption(CLI::App& app, const std::string& flag, const std::string& env,
                           int64_t* value, int64_t min, int64_t max, const std::string& help);
+
+// An option that takes one of `names`: the i-th name calls set(i); `current`
+// is the default's index. Any other value fails the parse (exit 2) with
+// "invalid setting --flag (ENV): 'value': use a or b".
+CLI::Option* AddChoiceOption(CLI::App& app, const std::string& flag, const std::string& env,
+                             std::vector<std::string> names, size_t current,
+                             std::function<void(size_t)> set, const std::string& help);
+
+// AddChoiceOption into an enum whose values are 0, 1, ... in the order of `names`.
+template <class Enum>
+CLI::Option* AddEnumOption(CLI::App& app, const std::string& flag, const std::string& env,
+                           Enum* value, std::vector<std::string> names, const std::string& help) {
+  return AddChoiceOption(
+      app, flag, env, std::move(names), static_cast<size_t>(*value),
+      [value](size_t i) { *value = static_cast<Enum>(i); }, help);
+}
+
+// What a command prints its result as (--output, OUTBOX_OUTPUT).
+enum class OutputFormat { kText, kJson };
+CLI::Option* AddOutputOption(CLI::App& app, OutputFormat* value);
 
 // `text` as a JSON string literal, quotes included (control characters,
 // quotes and backslashes escaped; other bytes as they are).

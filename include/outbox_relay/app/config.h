@@ -34,8 +34,10 @@ enum class SinkKind {
   kNull,  // every record is "delivered" at once: benchmarks of everything but Kafka
 };
 
+enum class LogFormat { kText, kJson };
+
 struct LogConfig {
-  std::string format = "text";  // text | json
+  LogFormat format = LogFormat::kText;
   std::string level = "info";
 };
 

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "outbox_relay/app/commands.h"
 #include "outbox_relay/app/config.h"
 #include "outbox_relay/core/result.h"
 #include "outbox_relay/pg/connection.h"
@@ -39,8 +40,8 @@ inline constexpr const char* kSlotCreatedStateKey = pg::kStateSlotCreated;
 struct SlotCommandConfig {
   std::string database_url;
   std::string slot = "outbox_relay";
-  std::string output = "text";  // text | json (status)
-  bool confirm = false;         // drop
+  OutputFormat output = OutputFormat::kText;  // (status)
+  bool confirm = false;                       // drop
   // status: the exactly-once progress in Kafka (read when brokers are given;
   // TLS/SASL from OUTBOX_KAFKA_PROPERTIES as `run` reads them).
   std::string kafka_brokers;

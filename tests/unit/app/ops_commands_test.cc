@@ -200,6 +200,42 @@ Result<ReplayConfig> ParseReplay(const std::string& args) {
   return c;
 }
 
+TEST(OpsChoiceSettings, OutputAndLogFormatAreEnumsAndBadValuesNameTheirVariable) {
+  {
+    CLI::App app;
+    SlotCommandConfig c;
+    AddSlotStatusFlags(app, c);
+    app.parse("", false);
+    EXPECT_EQ(c.output, OutputFormat::kText);
+    EXPECT_EQ(c.log.format, LogFormat::kText);
+    app.parse("--output json --log-format json", false);
+    EXPECT_EQ(c.output, OutputFormat::kJson);
+    EXPECT_EQ(c.log.format, LogFormat::kJson);
+  }
+  {
+    CLI::App app;
+    CheckConfig c;
+    AddCheckFlags(app, c);
+    auto st = ParseThenValidate(app, "--output yaml", [] { return Ok(); });
+    ASSERT_FALSE(st);
+    EXPECT_NE(st.error().message.find("invalid setting --output (OUTBOX_OUTPUT): 'yaml': use text "
+                                      "or json"),
+              std::string::npos)
+        << st.error().message;
+    EXPECT_EQ(c.output, OutputFormat::kText);
+  }
+  {
+    ScopedEnv bad("OUTBOX_LOG_FORMAT", "xml");
+    CLI::App app;
+    CleanupConfig c;
+    AddCleanupFlags(app, c);
+    auto st = ParseThenValidate(app, "", [] { return Ok(); });
+    ASSERT_FALSE(st);
+    EXPECT_NE(st.error().message.find("--log-format (OUTBOX_LOG_FORMAT): 'xml'"), std::string::npos)
+        << st.error().message;
+  }
+}
+
 TEST(OpsReplaySettings, RangeByLsnOrTime) {
   auto lsn = ParseReplay("--from-lsn 0/16B3748 --to-lsn 1/0");
   ASSERT_TRUE(lsn) << lsn.error().message;
