@@ -6,7 +6,6 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
-#include <charconv>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -35,19 +34,6 @@ const char* CheckStatusName(CheckStatus status) {
 }
 
 namespace {
-
-std::string Str(const PGresult* r, int row, int col) {
-  return std::string(pg::GetValue(r, row, col).value_or(""));
-}
-
-int64_t Int(const PGresult* r, int row, int col) {
-  auto v = pg::GetValue(r, row, col);
-  int64_t n = 0;
-  if (v) std::from_chars(v->data(), v->data() + v->size(), n);
-  return n;
-}
-
-bool Bool(const PGresult* r, int row, int col) { return pg::GetValue(r, row, col) == "t"; }
 
 struct Column {
   int attnum = 0;
@@ -93,12 +79,32 @@ class Checker : CheckList {
       Failed("postgres settings", res.error().message, "");
       return;
     }
-    const PGresult* s = res->get();
-    version_num_ = Int(s, 0, 0);
-    database_ = Str(s, 0, 8);
-    role_ = Str(s, 0, 9);
-    superuser_ = Bool(s, 0, 10);
-    can_create_in_db_ = Bool(s, 0, 12);
+    // One row of settings and attributes, none of them NULL.
+    pg::Rows s(res->get());
+    auto version_num = s.Int(0, 0);
+    auto version = s.Text(0, 1);
+    auto wal_level = s.Text(0, 2);
+    auto max_slots = s.Int(0, 3);
+    auto slots = s.Int(0, 4);
+    auto max_senders = s.Int(0, 5);
+    auto senders = s.Int(0, 6);
+    auto keep_size = s.Text(0, 7);
+    auto database = s.Text(0, 8);
+    auto role = s.Text(0, 9);
+    auto superuser = s.Bool(0, 10);
+    auto replication = s.Bool(0, 11);
+    auto can_create = s.Bool(0, 12);
+    if (const Error* e =
+            pg::FirstError(version_num, version, wal_level, max_slots, slots, max_senders, senders,
+                           keep_size, database, role, superuser, replication, can_create)) {
+      Failed("postgres settings", e->message, "");
+      return;
+    }
+    version_num_ = *version_num;
+    database_ = std::string(*database);
+    role_ = std::string(*role);
+    superuser_ = *superuser;
+    can_create_in_db_ = *can_create;
     Ok("postgres connection", fmt::format("database {} as role {}", database_, role_));
 
     if (auto slot = QuerySlotReport(*conn_, r_.slot); slot) {
@@ -108,15 +114,14 @@ class Checker : CheckList {
       Failed("slot " + r_.slot, slot.error().message, "");
     }
 
-    Version(Str(s, 0, 1));
-    WalLevel(Str(s, 0, 2));
-    Capacity("max_replication_slots", Int(s, 0, 3), Int(s, 0, 4), slot_.exists,
-             "replication slots in use",
+    Version(*version);
+    WalLevel(*wal_level);
+    Capacity("max_replication_slots", *max_slots, *slots, slot_.exists, "replication slots in use",
              "drop an unused slot (SELECT slot_name, active FROM pg_replication_slots;) or "
              "raise it: ALTER SYSTEM SET max_replication_slots = 10; and restart PostgreSQL");
-    Capacity("max_wal_senders", Int(s, 0, 5), Int(s, 0, 6), false, "WAL senders running",
+    Capacity("max_wal_senders", *max_senders, *senders, false, "WAL senders running",
              "raise it: ALTER SYSTEM SET max_wal_senders = 10; and restart PostgreSQL");
-    std::string keep = Str(s, 0, 7);
+    std::string keep(*keep_size);
     Ok("max_slot_wal_keep_size",
        keep == "-1" ? "-1 (unlimited): a stopped relay's slot retains WAL until the disk fills; "
                       "a limit makes PostgreSQL invalidate the slot instead, which run recovers "
@@ -124,7 +129,7 @@ class Checker : CheckList {
                     : keep +
                           ": a slot retaining more is invalidated; run recovers by backfill "
                           "(--on-slot-lost=reconcile)");
-    Role(Bool(s, 0, 11));
+    Role(*replication);
     if (r_.watermill) {
       for (CheckResult& r : CheckWatermillTables(*conn_, r_)) out_.push_back(std::move(r));
     } else if (Table()) {
@@ -141,7 +146,7 @@ class Checker : CheckList {
     SampleTopics();
   }
 
-  void Version(const std::string& text) {
+  void Version(std::string_view text) {
     // The relay's CI runs 14 to 18 (scripts/postgres/versions); xid8 and
     // pg_visible_in_snapshot, which marking and backfill use, exist since 13.
     if (version_num_ >= 140000 && version_num_ < 190000) {
@@ -159,7 +164,7 @@ class Checker : CheckList {
     }
   }
 
-  void WalLevel(const std::string& level) {
+  void WalLevel(std::string_view level) {
     if (level == "logical") {
       Ok("wal_level", "logical");
       return;
@@ -216,17 +221,25 @@ class Checker : CheckList {
              "the right one");
       return false;
     }
-    table_oid_ = Str(res->get(), 0, 0);
-    table_owner_ = Str(res->get(), 0, 2);
-    owns_table_ = Bool(res->get(), 0, 3);
-    std::string kind = Str(res->get(), 0, 1);
-    if (kind == "p") {
+    pg::Rows table(res->get());
+    auto table_oid = table.Text(0, 0);
+    auto kind = table.Text(0, 1);
+    auto owner = table.Text(0, 2);
+    auto owns = table.Bool(0, 3);
+    if (const Error* e = pg::FirstError(table_oid, kind, owner, owns)) {
+      Failed("outbox table", e->message, "");
+      return false;
+    }
+    table_oid_ = std::string(*table_oid);
+    table_owner_ = std::string(*owner);
+    owns_table_ = *owns;
+    if (*kind == "p") {
       Ok("outbox table",
          fmt::format("{} exists, partitioned (owner {})", r_.table_name.ToString(), table_owner_));
-    } else if (kind != "r") {
+    } else if (*kind != "r") {
       Failed("outbox table",
              fmt::format("{} exists but is not a table (relkind {}): run refuses it",
-                         r_.table_name.ToString(), kind),
+                         r_.table_name.ToString(), *kind),
              "logical replication publishes plain and partitioned tables only: point --table "
              "(OUTBOX_TABLE) at one");
     } else {
@@ -243,15 +256,25 @@ class Checker : CheckList {
       Failed("outbox columns", cols.error().message, "");
       return false;
     }
-    for (int i = 0; i < pg::Rows(cols->get()).size(); ++i) {
+    pg::Rows rows(cols->get());
+    for (int i = 0; i < rows.size(); ++i) {
+      auto name = rows.Text(i, 0);
+      auto attnum = rows.Int(i, 1);
+      auto type = rows.Text(i, 2);
+      auto typname = rows.Text(i, 3);
+      auto category = rows.Text(i, 4);
+      auto not_null = rows.Bool(i, 5);
+      if (const Error* e = pg::FirstError(name, attnum, type, typname, category, not_null)) {
+        Failed("outbox columns", e->message, "");
+        return false;
+      }
       Column col;
-      col.attnum = static_cast<int>(Int(cols->get(), i, 1));
-      col.type = Str(cols->get(), i, 2);
-      col.typname = Str(cols->get(), i, 3);
-      std::string cat = Str(cols->get(), i, 4);
-      col.category = cat.empty() ? 'X' : cat[0];
-      col.not_null = Bool(cols->get(), i, 5);
-      columns_.emplace(Str(cols->get(), i, 0), col);
+      col.attnum = static_cast<int>(*attnum);
+      col.type = std::string(*type);
+      col.typname = std::string(*typname);
+      col.category = category->empty() ? 'X' : category->front();
+      col.not_null = *not_null;
+      columns_.emplace(std::string(*name), col);
     }
     return true;
   }
@@ -387,17 +410,25 @@ class Checker : CheckList {
     std::string marking_index;
     std::string acked_index;
     std::string acked_norm = "(" + r_.acked_column + " is null)";
-    for (int i = 0; i < pg::Rows(res->get()).size(); ++i) {
-      if (!Bool(res->get(), i, 2)) continue;
-      if (xid != columns_.end() && Int(res->get(), i, 1) == xid->second.attnum &&
-          marking_index.empty()) {
-        marking_index = Str(res->get(), i, 0);
+    pg::Rows rows(res->get());
+    for (int i = 0; i < rows.size(); ++i) {
+      auto index = rows.Text(i, 0);
+      auto first_key = rows.Int(i, 1);
+      auto valid = rows.Bool(i, 2);
+      if (const Error* e = pg::FirstError(index, first_key, valid)) {
+        Failed("indexes", e->message, "");
+        return;
       }
+      if (!*valid) continue;
+      if (xid != columns_.end() && *first_key == xid->second.attnum && marking_index.empty()) {
+        marking_index = std::string(*index);
+      }
+      // pg_get_expr of indpred: NULL for an index that is not partial.
       std::string pred;
-      for (char ch : Str(res->get(), i, 3)) {
+      for (char ch : rows.Value(i, 3).value_or("")) {
         if (ch != '"') pred += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
       }
-      if (pred == acked_norm || pred == "(" + acked_norm + ")") acked_index = Str(res->get(), i, 0);
+      if (pred == acked_norm || pred == "(" + acked_norm + ")") acked_index = std::string(*index);
     }
     if (xid != columns_.end()) {
       if (!marking_index.empty()) {
@@ -440,9 +471,16 @@ class Checker : CheckList {
       Failed("table privileges", res.error().message, "");
       return;
     }
+    pg::Rows rows(res->get());
+    auto may_select = rows.Bool(0, 0);
+    auto may_update = rows.Bool(0, 1);
+    if (const Error* e = pg::FirstError(may_select, may_update)) {
+      Failed("table privileges", e->message, "");
+      return;
+    }
     std::vector<std::string> missing;
-    if (!Bool(res->get(), 0, 0)) missing.push_back("SELECT");
-    if (r_.mark && !Bool(res->get(), 0, 1)) missing.push_back("UPDATE");
+    if (!*may_select) missing.push_back("SELECT");
+    if (r_.mark && !*may_update) missing.push_back("UPDATE");
     if (missing.empty()) {
       Ok("table privileges",
          r_.mark ? "SELECT (backfill, replay) and UPDATE (marking)" : "SELECT (backfill, replay)");
@@ -581,8 +619,15 @@ class Checker : CheckList {
       Failed("schema outbox_relay", res.error().message, "");
       return;
     }
-    bool schema = Bool(res->get(), 0, 0);
-    if (!Bool(res->get(), 0, 1)) {
+    pg::Rows rows(res->get());
+    auto schema = rows.Bool(0, 0);
+    auto usage = rows.Bool(0, 1);
+    auto tables = rows.Bool(0, 2);
+    if (const Error* e = pg::FirstError(schema, usage, tables)) {
+      Failed("schema outbox_relay", e->message, "");
+      return;
+    }
+    if (!*usage) {
       Failed("schema outbox_relay",
              fmt::format("exists, but {} has no USAGE on it: the relay cannot record its state "
                          "or the commit index",
@@ -592,14 +637,18 @@ class Checker : CheckList {
                          pg::QuoteIdent(role_)));
       return;
     }
-    bool tables = Bool(res->get(), 0, 2);
-    if (tables) {
+    if (*tables) {
       auto priv = conn_->Exec(
           "SELECT has_table_privilege('outbox_relay.commits', 'SELECT, INSERT') AND "
           "has_table_privilege('outbox_relay.state', 'SELECT, INSERT, UPDATE, DELETE')");
       if (!priv) {
         Failed("schema outbox_relay", priv.error().message, "");
-      } else if (Bool(priv->get(), 0, 0)) {
+        return;
+      }
+      auto writable = pg::Rows(priv->get()).Bool(0, 0);
+      if (!writable) {
+        Failed("schema outbox_relay", writable.error().message, "");
+      } else if (*writable) {
         Ok("schema outbox_relay", "commits (the replay index) and state exist and are writable");
       } else {
         Failed("schema outbox_relay",
@@ -611,19 +660,26 @@ class Checker : CheckList {
       return;
     }
     bool creatable = superuser_;
-    if (!creatable && schema) {
+    if (!creatable && *schema) {
       auto priv = conn_->Exec("SELECT has_schema_privilege('outbox_relay', 'CREATE')");
-      creatable = priv && Bool(priv->get(), 0, 0);
+      if (priv) {  // a failed query leaves it not creatable, reported below
+        auto may_create = pg::Rows(priv->get()).Bool(0, 0);
+        if (!may_create) {
+          Failed("schema outbox_relay", may_create.error().message, "");
+          return;
+        }
+        creatable = *may_create;
+      }
     } else if (!creatable) {
       creatable = can_create_in_db_;
     }
     if (creatable) {
-      Ok("schema outbox_relay", schema ? "exists; run creates its tables"
-                                       : "does not exist; run creates it and its tables");
+      Ok("schema outbox_relay", *schema ? "exists; run creates its tables"
+                                        : "does not exist; run creates it and its tables");
     } else {
       Failed("schema outbox_relay",
              fmt::format("{} the relay's tables, and {} may not create them",
-                         schema ? "exists without" : "missing, with", role_),
+                         *schema ? "exists without" : "missing, with", role_),
              fmt::format("as a superuser: CREATE SCHEMA IF NOT EXISTS outbox_relay AUTHORIZATION "
                          "{};",
                          pg::QuoteIdent(role_)));
@@ -651,9 +707,11 @@ class Checker : CheckList {
     }
     outbox::Metadata metadata;
     std::string topic;
-    sample_.rows = pg::Rows(res->get()).size();
+    pg::Rows rows(res->get());
+    sample_.rows = rows.size();
     for (int i = 0; i < sample_.rows; ++i) {
-      Status st = metadata.Parse(pg::GetValue(res->get(), i, 0));
+      // A NULL metadata is no metadata, as in a streamed row (the template judges it).
+      Status st = metadata.Parse(rows.Value(i, 0));
       if (st) st = tmpl->Render(metadata, &topic);
       if (!st) {
         if (sample_.poison == 0) sample_.first_poison = st.error().message;

@@ -14,10 +14,6 @@ namespace outbox_relay::app {
 
 namespace {
 
-std::string Str(const PGresult* r, int row, int col) {
-  return std::string(pg::GetValue(r, row, col).value_or(""));
-}
-
 // synchronized_standby_slots is a comma-separated list of slot names ('*'
 // is not allowed there, unlike synchronous_standby_names).
 std::set<std::string> SlotList(std::string_view text) {
@@ -91,12 +87,23 @@ class FailoverChecker {
       Add(CheckStatus::kFail, res.error().message);
       return false;
     }
-    const PGresult* p = res->get();
-    std::optional<std::string_view> failover = pg::GetValue(p, 0, 0);
-    primary_confirmed_ = Str(p, 0, 1);
-    standby_slots_ = SlotList(Str(p, 0, 2));
-    system_id_ = Str(p, 0, 3);
-    if (!failover) {
+    pg::Rows p(res->get());
+    // The slot's columns are NULL when it does not exist (yet), and
+    // confirmed_flush_lsn also while it has no confirmed position; the
+    // settings are never NULL.
+    const bool exists = p.Value(0, 0).has_value();
+    Result<bool> failover = exists ? p.Bool(0, 0) : Result<bool>(false);
+    std::optional<std::string_view> confirmed = p.Value(0, 1);
+    auto standby_slots = p.Text(0, 2);
+    auto system_id = p.Text(0, 3);
+    if (const Error* e = pg::FirstError(failover, standby_slots, system_id)) {
+      Add(CheckStatus::kFail, e->message);
+      return false;
+    }
+    primary_confirmed_ = std::string(confirmed.value_or(""));
+    standby_slots_ = SlotList(*standby_slots);
+    system_id_ = std::string(*system_id);
+    if (!exists) {
       Add(r_.failover_slot ? CheckStatus::kOk : CheckStatus::kWarn,
           r_.failover_slot
               ? fmt::format("slot {} does not exist; run creates it with failover = true", r_.slot)
@@ -104,7 +111,7 @@ class FailoverChecker {
                             "without failover, and a promoted standby will not have it",
                             r_.slot),
           "run with --failover-slot (OUTBOX_FAILOVER_SLOT=true)");
-    } else if (*failover == "t") {
+    } else if (*failover) {
       Add(CheckStatus::kOk, fmt::format("slot {} has failover = true", r_.slot));
     } else {
       Add(r_.failover_slot ? CheckStatus::kOk : CheckStatus::kWarn,
@@ -153,49 +160,61 @@ class FailoverChecker {
       Add(CheckStatus::kFail, res.error().message);
       return;
     }
-    const PGresult* s = res->get();
-    if (Str(s, 0, 0) != "t") {
+    pg::Rows s(res->get());
+    auto in_recovery = s.Bool(0, 0);
+    auto version = s.Int(0, 1);
+    auto system_id = s.Text(0, 2);
+    auto wal_level = s.Text(0, 3);
+    auto feedback = s.Text(0, 4);
+    auto slot_name = s.Text(0, 5);
+    auto conninfo = s.Text(0, 6);
+    // sync_replication_slots: NULL before 17 (the CASE), which is refused below.
+    std::optional<std::string_view> sync_slots = s.Value(0, 7);
+    if (const Error* e = pg::FirstError(in_recovery, version, system_id, wal_level, feedback,
+                                        slot_name, conninfo)) {
+      Add(CheckStatus::kFail, e->message);
+      return;
+    }
+    if (!*in_recovery) {
       Add(CheckStatus::kFail, "--standby-url names a server that is not in recovery (a primary)",
           "point --standby-url (OUTBOX_STANDBY_URL) at the physical standby");
       return;
     }
-    if (Str(s, 0, 2) != system_id_) {
+    if (*system_id != system_id_) {
       Add(CheckStatus::kFail,
           "a standby of another cluster (its system identifier differs from the primary's)",
           "point --standby-url (OUTBOX_STANDBY_URL) at a standby of DATABASE_URL's server");
       return;
     }
-    int version = std::stoi(Str(s, 0, 1));
-    if (version < 170000) {
+    if (*version < 170000) {
       Add(CheckStatus::kFail,
-          fmt::format("PostgreSQL {}.{}: slot synchronization needs 17", version / 10000,
-                      version % 10000),
+          fmt::format("PostgreSQL {}.{}: slot synchronization needs 17", *version / 10000,
+                      *version % 10000),
           "upgrade the standby to 17");
       return;
     }
     Add(CheckStatus::kOk, "a standby of this primary (same system identifier, in recovery)");
 
-    Setting("sync_replication_slots", Str(s, 0, 7) == "on", "on",
+    Setting("sync_replication_slots", sync_slots == "on", "on",
             "ALTER SYSTEM SET sync_replication_slots = on; SELECT pg_reload_conf(); (on the "
             "standby)");
-    Setting("hot_standby_feedback", Str(s, 0, 4) == "on", "on",
+    Setting("hot_standby_feedback", *feedback == "on", "on",
             "ALTER SYSTEM SET hot_standby_feedback = on; SELECT pg_reload_conf(); (on the "
             "standby: the primary must keep the catalog rows the synced slot needs)");
-    Setting("wal_level", Str(s, 0, 3) == "logical", "logical",
+    Setting("wal_level", *wal_level == "logical", "logical",
             "ALTER SYSTEM SET wal_level = logical; on the standby, then restart it");
-    std::string slot_name = Str(s, 0, 5);
     name_ = "primary_slot_name";
-    if (slot_name.empty()) {
+    if (slot_name->empty()) {
       Add(CheckStatus::kFail,
           "empty on the standby: it streams without a physical slot, and slots are synced only "
           "over one",
           "on the primary: SELECT pg_create_physical_replication_slot('standby1'); on the "
           "standby: ALTER SYSTEM SET primary_slot_name = 'standby1'; SELECT pg_reload_conf();");
     } else {
-      PhysicalSlot(slot_name);
+      PhysicalSlot(std::string(*slot_name));
     }
     name_ = "primary_conninfo";
-    if (ConninfoHasDbname(Str(s, 0, 6))) {
+    if (ConninfoHasDbname(std::string(*conninfo))) {
       Add(CheckStatus::kOk, "names a database (slot synchronization connects to it)");
     } else {
       Add(CheckStatus::kFail,
@@ -224,19 +243,23 @@ class FailoverChecker {
       Add(CheckStatus::kFail, res.error().message);
       return;
     }
-    if (pg::Rows(res->get()).size() == 0) {
+    pg::Rows rows(res->get());
+    auto slot_type = rows.Text(0, 0);
+    auto active = rows.Bool(0, 1);
+    if (rows.size() == 0) {
       Add(CheckStatus::kFail,
           fmt::format("{} (the standby's) does not exist on the primary", slot_name),
           fmt::format("on the primary: SELECT pg_create_physical_replication_slot('{}');",
                       slot_name));
-    } else if (Str(res->get(), 0, 0) != "physical") {
+    } else if (const Error* e = pg::FirstError(slot_type, active)) {
+      Add(CheckStatus::kFail, e->message);
+    } else if (*slot_type != "physical") {
       Add(CheckStatus::kFail, fmt::format("{} on the primary is not a physical slot", slot_name),
           "give the standby a physical slot of its own");
     } else {
-      Add(Str(res->get(), 0, 1) == "t" ? CheckStatus::kOk : CheckStatus::kWarn,
+      Add(*active ? CheckStatus::kOk : CheckStatus::kWarn,
           fmt::format("{}: a physical slot on the primary, {}", slot_name,
-                      Str(res->get(), 0, 1) == "t" ? "in use by the standby"
-                                                   : "not in use (is the standby streaming?)"),
+                      *active ? "in use by the standby" : "not in use (is the standby streaming?)"),
           "check the standby's log and primary_conninfo");
     }
     name_ = "synchronized_standby_slots";
@@ -270,9 +293,18 @@ class FailoverChecker {
           "standby's log says why it does not sync");
       return;
     }
-    const PGresult* r = res->get();
-    std::string invalid = Str(r, 0, 3);
-    if (Str(r, 0, 0) != "t") {
+    pg::Rows r(res->get());
+    auto synced = r.Bool(0, 0);
+    auto temporary = r.Bool(0, 1);
+    // NULL while the copy has no confirmed position yet (an invalid LSN).
+    std::optional<std::string_view> confirmed = r.Value(0, 2);
+    // NULL while the copy is valid.
+    std::string invalid(r.Value(0, 3).value_or(""));
+    if (const Error* e = pg::FirstError(synced, temporary)) {
+      Add(CheckStatus::kFail, e->message);
+      return;
+    }
+    if (!*synced) {
       Add(CheckStatus::kFail,
           fmt::format("slot {} on the standby was not synced from the primary (created there)",
                       r_.slot),
@@ -281,7 +313,7 @@ class FailoverChecker {
       Add(CheckStatus::kFail,
           fmt::format("the standby's copy of slot {} is invalidated ({})", r_.slot, invalid),
           "see the standby's log; hot_standby_feedback and the physical slot keep it valid");
-    } else if (Str(r, 0, 1) == "t") {
+    } else if (*temporary) {
       Add(CheckStatus::kWarn,
           fmt::format("the standby's copy of slot {} is still temporary: the standby has not "
                       "yet caught up with the slot; a failover now would lose it",
@@ -292,7 +324,7 @@ class FailoverChecker {
       Add(CheckStatus::kOk,
           fmt::format("the standby holds a synced copy of slot {} at confirmed_flush_lsn {} "
                       "(primary: {}); a promoted standby resumes from it",
-                      r_.slot, Str(r, 0, 2), primary_confirmed_));
+                      r_.slot, confirmed.value_or(""), primary_confirmed_));
     }
   }
 

@@ -14,8 +14,37 @@ namespace outbox_relay::app {
 
 namespace {
 
-bool IsTrue(const PGresult* r, int row, int col) {
-  return pg::GetValue(r, row, col) == std::optional<std::string_view>("t");
+struct PublicationFlags {
+  bool all_tables = false;
+  bool inserts = false;
+};
+
+// The relay's publication (nullopt when it does not exist) and, into
+// *members, the tables it publishes (none when that query fails: every table
+// then reads as not yet published).
+Result<std::optional<PublicationFlags>> QueryPublicationFlags(pg::Connection& conn,
+                                                              const std::string& publication,
+                                                              std::set<std::string>* members) {
+  std::optional<std::string> name[] = {publication};
+  auto pub = conn.ExecParams(
+      "SELECT puballtables, pubinsert FROM pg_publication WHERE pubname = $1", name);
+  if (!pub) return std::unexpected(pub.error());
+  pg::Rows rows(pub->get());
+  if (rows.size() == 0) return std::nullopt;
+  auto all_tables = rows.Bool(0, 0);
+  auto inserts = rows.Bool(0, 1);
+  if (const Error* e = pg::FirstError(all_tables, inserts)) return std::unexpected(*e);
+  auto tables = conn.ExecParams(
+      "SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = $1", name);
+  if (tables) {
+    pg::Rows table_rows(tables->get());
+    for (int i = 0; i < table_rows.size(); ++i) {
+      auto table = table_rows.Text(i, 0);
+      if (!table) return std::unexpected(table.error());
+      members->emplace(*table);
+    }
+  }
+  return PublicationFlags{*all_tables, *inserts};
 }
 
 }  // namespace
@@ -44,20 +73,8 @@ std::vector<CheckResult> CheckWatermillTables(pg::Connection& conn, const RelayC
         w.pattern ? "" : "set --watermill-tables (OUTBOX_WATERMILL_TABLES)");
   }
   auto positions = pipeline::ReadWatermillPositions(conn, resolved->tables, w.consumer_group);
-  std::optional<std::string> pub_name[] = {r.publication};
-  auto pub = conn.ExecParams(
-      "SELECT puballtables, pubinsert FROM pg_publication WHERE pubname = $1", pub_name);
   std::set<std::string> published;
-  if (pub && pg::Rows(pub->get()).size() > 0) {
-    auto members = conn.ExecParams(
-        "SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = $1",
-        pub_name);
-    if (members) {
-      for (int i = 0; i < pg::Rows(members->get()).size(); ++i) {
-        published.emplace(*pg::GetValue(members->get(), i, 0));
-      }
-    }
-  }
+  auto pub = QueryPublicationFlags(conn, r.publication, &published);
 
   for (const pipeline::OutboxTable& t : resolved->tables) {
     const std::string name = "watermill table " + t.name.ToString();
@@ -81,8 +98,16 @@ std::vector<CheckResult> CheckWatermillTables(pg::Connection& conn, const RelayC
       add(CheckStatus::kFail, name, priv.error().message);
       continue;
     }
-    const PGresult* p = priv->get();
-    if (!IsTrue(p, 0, 0)) {
+    pg::Rows p(priv->get());
+    auto may_read = p.Bool(0, 0);
+    auto offsets_exist = p.Bool(0, 1);
+    auto may_write_offsets = p.Bool(0, 2);
+    auto may_create = p.Bool(0, 3);
+    if (const Error* e = pg::FirstError(may_read, offsets_exist, may_write_offsets, may_create)) {
+      add(CheckStatus::kFail, name, e->message);
+      continue;
+    }
+    if (!*may_read) {
       add(CheckStatus::kFail, name, fmt::format("{}; the relay's role may not read it", what),
           fmt::format("GRANT SELECT ON {} TO <the relay's role>;", t.name.Quoted()));
       continue;
@@ -94,7 +119,7 @@ std::vector<CheckResult> CheckWatermillTables(pg::Connection& conn, const RelayC
                                it->second.transaction_id, it->second.offset);
       }
     }
-    if (r.mark && !IsTrue(p, 0, 1) && !IsTrue(p, 0, 3)) {
+    if (r.mark && !*offsets_exist && !*may_create) {
       add(CheckStatus::kFail, name,
           fmt::format("{}; offsets table {} is missing and the relay may not create it", what,
                       t.offsets.ToString()),
@@ -103,7 +128,7 @@ std::vector<CheckResult> CheckWatermillTables(pg::Connection& conn, const RelayC
               "INSERT, UPDATE on it to the relay's role");
       continue;
     }
-    if (r.mark && IsTrue(p, 0, 1) && !IsTrue(p, 0, 2)) {
+    if (r.mark && *offsets_exist && !*may_write_offsets) {
       add(CheckStatus::kFail, name,
           fmt::format("{}; the relay may not write consumer group '{}''s position in {}", what,
                       w.consumer_group, t.offsets.ToString()),
@@ -113,8 +138,8 @@ std::vector<CheckResult> CheckWatermillTables(pg::Connection& conn, const RelayC
     }
     add(CheckStatus::kOk, name,
         fmt::format("{}; group '{}' in {}{}: {}", what, w.consumer_group, t.offsets.ToString(),
-                    IsTrue(p, 0, 1) ? "" : " (run creates it)", position));
-    if (pub && pg::Rows(pub->get()).size() > 0 && !published.contains(t.name.ToString())) {
+                    *offsets_exist ? "" : " (run creates it)", position));
+    if (pub && *pub && !published.contains(t.name.ToString())) {
       add(CheckStatus::kWarn, name,
           fmt::format("not in publication {} yet: run adds it (locking it against inserts for "
                       "at most --watermill-join-lock-timeout-ms) and publishes the rows written "
@@ -128,15 +153,15 @@ std::vector<CheckResult> CheckWatermillTables(pg::Connection& conn, const RelayC
 
   if (!pub) {
     add(CheckStatus::kFail, "publication " + r.publication, pub.error().message);
-  } else if (pg::Rows(pub->get()).size() == 0) {
+  } else if (!*pub) {
     add(CheckStatus::kOk, "publication " + r.publication,
         "does not exist; run creates it: " +
             pipeline::CreateWatermillPublicationSql(r.publication, resolved->tables));
-  } else if (IsTrue(pub->get(), 0, 0)) {
+  } else if ((*pub)->all_tables) {
     add(CheckStatus::kFail, "publication " + r.publication,
         "is FOR ALL TABLES: run refuses it (the relay's own tables would stream back to it)",
         "give the relay a publication of its own (--publication)");
-  } else if (!IsTrue(pub->get(), 0, 1)) {
+  } else if (!(*pub)->inserts) {
     add(CheckStatus::kFail, "publication " + r.publication, "does not publish inserts",
         "ALTER PUBLICATION " + pg::QuoteIdent(r.publication) + " SET (publish = 'insert');");
   } else {

@@ -3,9 +3,9 @@
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
-#include <charconv>
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <thread>
 
 #include "outbox_relay/app/commands.h"
@@ -22,24 +22,11 @@ double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-Result<int64_t> AffectedRows(const pg::ResultHandle& res) {
-  std::string_view text = PQcmdTuples(res.get());
-  int64_t n = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
-  if (ec != std::errc() || end != text.data() + text.size()) {
-    return Fail(ErrorCode::kFatal, "unexpected command status '{}'", text);
-  }
-  return n;
-}
-
 Result<int64_t> Count(pg::Connection& conn, const std::string& sql,
                       std::span<const std::optional<std::string>> params) {
   auto res = conn.ExecParams(sql, params);
   if (!res) return std::unexpected(res.error());
-  std::string_view text = pg::GetValue(res->get(), 0, 0).value_or("0");
-  int64_t n = 0;
-  std::from_chars(text.data(), text.data() + text.size(), n);
-  return n;
+  return pg::Rows(res->get()).Int(0, 0);
 }
 
 struct Batches {
@@ -62,7 +49,7 @@ Result<Batches> DeleteInBatches(pg::Connection& conn, const std::string& sql,
                               out.batches, e.message);
       return std::unexpected(std::move(e));
     }
-    auto n = AffectedRows(*res);
+    auto n = pg::Rows(res->get()).AffectedRows();
     if (!n) return std::unexpected(n.error());
     out.rows += *n;
     ++out.batches;
@@ -84,16 +71,22 @@ Status CheckTable(pg::Connection& conn, const CleanupConfig& c) {
       "WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
       params);
   if (!res) return std::unexpected(res.error());
-  PGresult* r = res->get();
-  if (pg::Rows(r).size() == 0) {
+  pg::Rows rows(res->get());
+  if (rows.size() == 0) {
     return BadSetting("--table", "OUTBOX_TABLE",
                       fmt::format("table {} does not exist", c.table_name.ToString()));
   }
+  std::map<std::string, std::string, std::less<>> types;  // column name -> format_type()
+  for (int i = 0; i < rows.size(); ++i) {
+    auto name = rows.Text(i, 0);
+    auto type = rows.Text(i, 1);
+    if (const Error* e = pg::FirstError(name, type)) return std::unexpected(*e);
+    types.emplace(*name, *type);
+  }
   auto type_of = [&](const std::string& name) -> std::optional<std::string> {
-    for (int i = 0; i < pg::Rows(r).size(); ++i) {
-      if (pg::GetValue(r, i, 0) == name) return std::string(*pg::GetValue(r, i, 1));
-    }
-    return std::nullopt;
+    auto it = types.find(name);
+    if (it == types.end()) return std::nullopt;
+    return it->second;
   };
   struct Needed {
     const char* flag;
@@ -202,7 +195,9 @@ Status PruneCommitIndex(pg::Connection& conn, const CleanupConfig& c,
   if (c.prune_commits) {
     auto exists = conn.Exec("SELECT to_regclass('outbox_relay.commits') IS NOT NULL");
     if (!exists) return std::unexpected(exists.error());
-    report->commit_index_exists = pg::GetValue(exists->get(), 0, 0) == "t";
+    auto found = pg::Rows(exists->get()).Bool(0, 0);
+    if (!found) return std::unexpected(found.error());
+    report->commit_index_exists = *found;
   }
   if (c.prune_commits && report->commit_index_exists) {
     if (c.dry_run) {
@@ -245,7 +240,9 @@ Result<CleanupReport> RunCleanup(const CleanupConfig& c) {
     std::optional<std::string> params[] = {std::to_string(c.retention_days)};
     auto res = conn->ExecParams("SELECT (NOW() - make_interval(days => $1::int))::text", params);
     if (!res) return std::unexpected(res.error());
-    report.cutoff = std::string(*pg::GetValue(res->get(), 0, 0));
+    auto cutoff = pg::Rows(res->get()).Text(0, 0);
+    if (!cutoff) return std::unexpected(cutoff.error());
+    report.cutoff = std::string(*cutoff);
   }
   spdlog::info(
       "cleanup{}: {} rows acked and created before {} (retention {} days), batches of "

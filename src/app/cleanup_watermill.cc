@@ -18,10 +18,10 @@
 // database sets one).
 #include <spdlog/spdlog.h>
 
-#include <charconv>
 #include <thread>
 
 #include "outbox_relay/app/cleanup.h"
+#include "outbox_relay/pg/rows.h"
 #include "outbox_relay/pipeline/watermill.h"
 
 namespace outbox_relay::app {
@@ -36,12 +36,6 @@ using Clock = std::chrono::steady_clock;
 constexpr const char* kHorizon =
     "SELECT last_processed_transaction_id AS x, COALESCE(offset_acked, 9223372036854775807) AS o "
     "FROM {offsets} ORDER BY 1, 2 LIMIT 1";
-
-int64_t ParseCount(std::string_view text) {
-  int64_t n = 0;
-  std::from_chars(text.data(), text.data() + text.size(), n);
-  return n;
-}
 
 }  // namespace
 
@@ -59,7 +53,9 @@ Result<CleanupReport> RunWatermillCleanup(const CleanupConfig& c) {
     std::optional<std::string> params[] = {std::to_string(c.retention_days)};
     auto res = conn->ExecParams("SELECT (NOW() - make_interval(days => $1::int))::text", params);
     if (!res) return std::unexpected(res.error());
-    report.cutoff = std::string(*pg::GetValue(res->get(), 0, 0));
+    auto cutoff = pg::Rows(res->get()).Text(0, 0);
+    if (!cutoff) return std::unexpected(cutoff.error());
+    report.cutoff = std::string(*cutoff);
   }
   std::optional<std::string> params[] = {report.cutoff, std::to_string(c.batch_size)};
   const auto sleep = std::chrono::milliseconds(c.batch_sleep_ms);
@@ -67,10 +63,12 @@ Result<CleanupReport> RunWatermillCleanup(const CleanupConfig& c) {
     std::optional<std::string> offsets[] = {t.offsets.Quoted()};
     auto exists = conn->ExecParams("SELECT to_regclass($1) IS NOT NULL", offsets);
     if (!exists) return std::unexpected(exists.error());
+    auto offsets_exist = pg::Rows(exists->get()).Bool(0, 0);
+    if (!offsets_exist) return std::unexpected(offsets_exist.error());
     const std::string horizon =
         fmt::format(fmt::runtime(kHorizon), fmt::arg("offsets", t.offsets.Quoted()));
     const std::string table = t.name.Quoted();
-    if (pg::GetValue(exists->get(), 0, 0) != std::optional<std::string_view>("t")) {
+    if (!*offsets_exist) {
       spdlog::warn(
           "cleanup: {} has no offsets table {}: no consumer group has processed "
           "anything, nothing is deleted",
@@ -85,7 +83,9 @@ Result<CleanupReport> RunWatermillCleanup(const CleanupConfig& c) {
                     fmt::arg("h", horizon), fmt::arg("t", table)),
         std::span(params, 1));
     if (!kept) return std::unexpected(kept.error());
-    report.unacked_past_retention += ParseCount(pg::GetValue(kept->get(), 0, 0).value_or("0"));
+    auto kept_rows = pg::Rows(kept->get()).Int(0, 0);
+    if (!kept_rows) return std::unexpected(kept_rows.error());
+    report.unacked_past_retention += *kept_rows;
     if (c.dry_run) {
       auto n = conn->ExecParams(
           fmt::format("WITH horizon AS ({h}) SELECT count(*) FROM {t} m, horizon h "
@@ -94,7 +94,9 @@ Result<CleanupReport> RunWatermillCleanup(const CleanupConfig& c) {
                       fmt::arg("h", horizon), fmt::arg("t", table)),
           std::span(params, 1));
       if (!n) return std::unexpected(n.error());
-      report.outbox_rows += ParseCount(pg::GetValue(n->get(), 0, 0).value_or("0"));
+      auto rows = pg::Rows(n->get()).Int(0, 0);
+      if (!rows) return std::unexpected(rows.error());
+      report.outbox_rows += *rows;
       continue;
     }
     const std::string sql = fmt::format(
@@ -114,7 +116,9 @@ Result<CleanupReport> RunWatermillCleanup(const CleanupConfig& c) {
                                 e.message);
         return std::unexpected(std::move(e));
       }
-      int64_t n = ParseCount(PQcmdTuples(res->get()));
+      auto affected = pg::Rows(res->get()).AffectedRows();
+      if (!affected) return std::unexpected(affected.error());
+      const int64_t n = *affected;
       deleted += n;
       ++report.outbox_batches;
       spdlog::info("cleanup: {}: batch deleted {} rows; {} rows so far", t.name.ToString(), n,

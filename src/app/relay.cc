@@ -121,8 +121,11 @@ Status Relay::PrepareSeedTable(pg::Connection& conn) {
       params);
   if (!cols) return std::unexpected(cols.error());
   pgoutput::Relation rel;
-  for (int i = 0; i < pg::Rows(cols->get()).size(); ++i) {
-    rel.columns.push_back({0, std::string(*pg::GetValue(cols->get(), i, 0)), 0, -1});
+  pg::Rows rows(cols->get());
+  for (int i = 0; i < rows.size(); ++i) {
+    auto name = rows.Text(i, 0);
+    if (!name) return std::unexpected(name.error());
+    rel.columns.push_back({0, std::string(*name), 0, -1});
   }
   if (auto map = outbox::ColumnMap::Resolve(rel, config_.columns); !map) {
     return std::unexpected(map.error());
@@ -731,7 +734,13 @@ Status Relay::Stream(std::optional<pipeline::StreamSession>* session,
   // Silence is judged against the server's own patience (Liveness).
   milliseconds wal_sender_timeout(0);
   if (auto shown = conn->Exec("SHOW wal_sender_timeout")) {
-    wal_sender_timeout = ParseTimeSetting(pg::GetValue(shown->get(), 0, 0).value_or("0"));
+    // Best effort, as the query: without it the relay keeps its own timeout.
+    auto text = pg::Rows(shown->get()).Text(0, 0);
+    if (text) {
+      wal_sender_timeout = ParseTimeSetting(*text);
+    } else {
+      spdlog::warn("SHOW wal_sender_timeout: {}", text.error().message);
+    }
   }
   auto stream = pg::ReplicationStream::Start(std::move(*conn), config_.slot, config_.publication,
                                              tracker_->confirmed());

@@ -5,6 +5,7 @@
 
 #include "outbox_relay/app/failover.h"
 #include "outbox_relay/app/relay.h"
+#include "outbox_relay/pg/rows.h"
 
 namespace outbox_relay::app {
 
@@ -26,7 +27,9 @@ Status ValidateFailoverSlot(const RelayConfig& config, pg::Connection& conn) {
   }
   auto res = conn.Exec("SELECT current_setting('synchronized_standby_slots')");
   if (!res) return std::unexpected(res.error());
-  if (pg::GetValue(res->get(), 0, 0).value_or("").empty()) {
+  auto standby_slots = pg::Rows(res->get()).Text(0, 0);
+  if (!standby_slots) return std::unexpected(standby_slots.error());
+  if (standby_slots->empty()) {
     spdlog::warn(
         "--failover-slot: synchronized_standby_slots is empty on the primary, so the relay may "
         "publish transactions a standby has not received yet; after a failover to that standby "

@@ -4,7 +4,6 @@
 
 #include <CLI/CLI.hpp>
 #include <atomic>
-#include <charconv>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -37,12 +36,6 @@ bool StopRequested() { return g_replay_stop != nullptr && g_replay_stop->load();
 
 double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-int64_t ToInt(std::optional<std::string_view> v) {
-  int64_t n = 0;
-  if (v) std::from_chars(v->data(), v->data() + v->size(), n);
-  return n;
 }
 
 // One transaction being replayed: how many of its records still wait for a
@@ -117,7 +110,9 @@ Result<Range> ResolveRange(pg::Connection& conn, const ReplayConfig& c) {
                         fmt::format("'{}' is not a timestamp PostgreSQL accepts ({})", text,
                                     res.error().message));
     }
-    return std::string(*pg::GetValue(res->get(), 0, 0));
+    auto parsed = pg::Rows(res->get()).Text(0, 0);
+    if (!parsed) return std::unexpected(parsed.error());
+    return std::string(*parsed);
   };
   auto from = parse(c.from_time, "--from-time", "OUTBOX_REPLAY_FROM_TIME");
   if (!from) return std::unexpected(from.error());
@@ -151,16 +146,26 @@ Status Survey(pg::Connection& conn, const ReplayConfig& c, const Range& range,
   std::optional<std::string> params[] = {c.relay.slot, range.from, range.to};
   auto res = conn.ExecParams(sql, params);
   if (!res) return std::unexpected(res.error());
-  const PGresult* r = res->get();
-  report->transactions = ToInt(pg::GetValue(r, 0, 0));
-  report->indexed_rows = ToInt(pg::GetValue(r, 0, 1));
-  report->rows_found = ToInt(pg::GetValue(r, 0, 2));
-  report->transactions_missing = ToInt(pg::GetValue(r, 0, 3));
-  report->rows_missing = ToInt(pg::GetValue(r, 0, 4));
-  report->first_commit_lsn = pg::GetValue(r, 0, 5).value_or("-");
-  report->last_commit_lsn = pg::GetValue(r, 0, 6).value_or("-");
-  report->first_commit_time = pg::GetValue(r, 0, 7).value_or("-");
-  report->last_commit_time = pg::GetValue(r, 0, 8).value_or("-");
+  pg::Rows r(res->get());
+  auto transactions = r.Int(0, 0);
+  auto indexed_rows = r.Int(0, 1);
+  auto rows_found = r.Int(0, 2);
+  auto transactions_missing = r.Int(0, 3);
+  auto rows_missing = r.Int(0, 4);
+  if (const Error* e = pg::FirstError(transactions, indexed_rows, rows_found, transactions_missing,
+                                      rows_missing)) {
+    return std::unexpected(*e);
+  }
+  report->transactions = *transactions;
+  report->indexed_rows = *indexed_rows;
+  report->rows_found = *rows_found;
+  report->transactions_missing = *transactions_missing;
+  report->rows_missing = *rows_missing;
+  // min()/max() are NULL when the range holds no transaction: the report prints "-".
+  report->first_commit_lsn = r.Value(0, 5).value_or("-");
+  report->last_commit_lsn = r.Value(0, 6).value_or("-");
+  report->first_commit_time = r.Value(0, 7).value_or("-");
+  report->last_commit_time = r.Value(0, 8).value_or("-");
 
   // Where the slot's index starts: commits before it were pruned by cleanup
   // (or happened before the relay ran).
@@ -170,13 +175,17 @@ Status Survey(pg::Connection& conn, const ReplayConfig& c, const Range& range,
       "ORDER BY commit_lsn LIMIT 1",
       slot_param);
   if (!oldest) return std::unexpected(oldest.error());
-  if (pg::Rows(oldest->get()).size() == 0) {
+  pg::Rows first(oldest->get());
+  if (first.size() == 0) {
     spdlog::warn("replay: the commit index has no transactions of slot {} at all", c.relay.slot);
   } else {
+    auto lsn = first.Text(0, 0);
+    auto time = first.Text(0, 1);
+    if (const Error* e = pg::FirstError(lsn, time)) return std::unexpected(*e);
     spdlog::info(
         "replay: the index of slot {} starts at commit {} ({}); older transactions were "
         "pruned by cleanup or precede the relay",
-        c.relay.slot, *pg::GetValue(oldest->get(), 0, 0), *pg::GetValue(oldest->get(), 0, 1));
+        c.relay.slot, *lsn, *time);
   }
   return Ok();
 }
@@ -187,11 +196,15 @@ Result<outbox::ColumnMap> CheckTable(pg::Connection& conn, const ReplayConfig& c
       "SELECT to_regclass($1) IS NOT NULL, to_regclass('outbox_relay.commits') IS NOT NULL",
       params);
   if (!exists) return std::unexpected(exists.error());
-  if (pg::GetValue(exists->get(), 0, 0) != "t") {
+  pg::Rows found(exists->get());
+  auto table = found.Bool(0, 0);
+  auto index = found.Bool(0, 1);
+  if (const Error* e = pg::FirstError(table, index)) return std::unexpected(*e);
+  if (!*table) {
     return BadSetting("--table", "OUTBOX_TABLE",
                       fmt::format("table {} does not exist", c.relay.table_name.ToString()));
   }
-  if (pg::GetValue(exists->get(), 0, 1) != "t") {
+  if (!*index) {
     return Fail(ErrorCode::kFatal,
                 "there is no commit index (outbox_relay.commits): the relay never published "
                 "from this database, so there is nothing to replay");
@@ -266,12 +279,13 @@ class Replayer {
       auto res = conn_.ExecParams(sql, params);
       if (!res) return std::unexpected(res.error());
       const PGresult* r = res->get();
-      const int n = pg::Rows(r).size();
+      pg::Rows rows(r);
+      const int n = rows.size();
       if (n == 0) break;
       auto columns = outbox::ColumnMap::Resolve(pg::RelationOf(r), cols);
       if (!columns) return std::unexpected(columns.error());
       for (int i = 0; i < n; ++i) {
-        auto lsn = Lsn::Parse(*pg::GetValue(r, i, 0));
+        auto lsn = rows.LsnAt(i, 0);
         if (!lsn) return std::unexpected(lsn.error());
         if (StopRequested() || Failed()) {
           // The current transaction is complete if this row starts the next one.
@@ -282,8 +296,12 @@ class Replayer {
         pg::TupleOf(r, i, &tuple);
         if (auto st = Replay(*columns, tuple, *lsn); !st) return st;
       }
-      params[3] = std::string(*pg::GetValue(r, n - 1, 0));
-      params[4] = std::string(*pg::GetValue(r, n - 1, columns->offset));
+      // Where the next page starts: the last row's commit LSN and offset.
+      auto last_lsn = rows.Text(n - 1, 0);
+      auto last_offset = rows.Text(n - 1, columns->offset);
+      if (const Error* e = pg::FirstError(last_lsn, last_offset)) return std::unexpected(*e);
+      params[3] = std::string(*last_lsn);
+      params[4] = std::string(*last_offset);
       if (n < c_.page_rows) break;
     }
     current_complete_ = true;

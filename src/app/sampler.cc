@@ -7,6 +7,7 @@
 
 #include "outbox_relay/pg/connection.h"
 #include "outbox_relay/pg/replication.h"
+#include "outbox_relay/pg/rows.h"
 #include "outbox_relay/pipeline/watermill.h"
 
 namespace outbox_relay::app {
@@ -47,12 +48,14 @@ Result<RowCounts> WatermillCounts(pg::Connection& conn, const RelayConfig& confi
                      fmt::arg("p", pending), fmt::arg("t", t.name.Quoted()));
     auto res = conn.ExecParams(sql, params);
     if (!res) return std::unexpected(res.error());
-    out.acked += std::stod(std::string(pg::GetValue(res->get(), 0, 0).value_or("0")));
-    out.pending += std::stod(std::string(pg::GetValue(res->get(), 0, 1).value_or("0")));
-    if (!counts) {
-      out.lag_seconds = std::max(
-          out.lag_seconds, std::stod(std::string(pg::GetValue(res->get(), 0, 2).value_or("0"))));
-    }
+    pg::Rows rows(res->get());
+    auto acked = rows.Double(0, 0);
+    auto pending_rows = rows.Double(0, 1);
+    auto lag = counts ? Result<double>(0.0) : rows.Double(0, 2);
+    if (const Error* e = pg::FirstError(acked, pending_rows, lag)) return std::unexpected(*e);
+    out.acked += *acked;
+    out.pending += *pending_rows;
+    out.lag_seconds = std::max(out.lag_seconds, *lag);
   }
   return out;
 }
@@ -130,15 +133,17 @@ void Sampler::Loop() {
         spdlog::warn("metrics sampler: {}", c.error().message);
       }
     } else if (config_.mark && counts_due) {
-      if (auto res = conn->Exec(counts_sql)) {
-        double acked_rows = std::stod(std::string(*pg::GetValue(res->get(), 0, 0)));
-        double unacked_rows = std::stod(std::string(*pg::GetValue(res->get(), 0, 1)));
-        metrics_->rows_acked().Set(acked_rows);
-        metrics_->rows_pending().Set(unacked_rows);
-        metrics_->rows_unacked().Set(unacked_rows);
-      } else {
+      auto res = conn->Exec(counts_sql);
+      Result<double> acked_rows =
+          res ? pg::Rows(res->get()).Double(0, 0) : Result<double>(std::unexpected(res.error()));
+      Result<double> unacked_rows = res ? pg::Rows(res->get()).Double(0, 1) : acked_rows;
+      if (const Error* e = pg::FirstError(acked_rows, unacked_rows)) {
         failed = true;
-        spdlog::warn("metrics sampler: {}", res.error().message);
+        spdlog::warn("metrics sampler: {}", e->message);
+      } else {
+        metrics_->rows_acked().Set(*acked_rows);
+        metrics_->rows_pending().Set(*unacked_rows);
+        metrics_->rows_unacked().Set(*unacked_rows);
       }
     }
     if (now >= next_lag) {
@@ -151,8 +156,11 @@ void Sampler::Loop() {
           failed = true;
         }
       } else if (config_.mark && !config_.created_at_column.empty()) {
-        if (auto res = conn->Exec(lag_sql)) {
-          metrics_->lag_seconds().Set(std::stod(std::string(*pg::GetValue(res->get(), 0, 0))));
+        auto res = conn->Exec(lag_sql);
+        auto lag = res ? pg::Rows(res->get()).Double(0, 0)  // COALESCE(..., 0): never NULL
+                       : Result<double>(std::unexpected(res.error()));
+        if (lag) {
+          metrics_->lag_seconds().Set(*lag);
         } else {
           failed = true;
         }

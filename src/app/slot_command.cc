@@ -3,7 +3,6 @@
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
-#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 
@@ -17,18 +16,13 @@ namespace outbox_relay::app {
 
 namespace {
 
+// Slot status reads cells that are NULL in some states (a slot that never
+// streamed has no confirmed_flush_lsn, an inactive one no pid, an older
+// server no failover column): nullopt then.
 std::optional<std::string> Text(const PGresult* r, int row, int col) {
-  auto v = pg::GetValue(r, row, col);
+  auto v = pg::Rows(r).Value(row, col);
   if (!v) return std::nullopt;
   return std::string(*v);
-}
-
-std::optional<int64_t> Int(const PGresult* r, int row, int col) {
-  auto v = pg::GetValue(r, row, col);
-  if (!v) return std::nullopt;
-  int64_t n = 0;
-  std::from_chars(v->data(), v->data() + v->size(), n);
-  return n;
 }
 
 void AddCommonFlags(CLI::App& app, SlotCommandConfig& c) {
@@ -126,13 +120,22 @@ Result<SlotReport> QuerySlotReport(pg::Connection& conn, const std::string& slot
       report.slot_type = Text(r, 0, 1).value_or("");
       report.database = Text(r, 0, 2).value_or("");
       report.active = Text(r, 0, 3) == "t";
-      if (auto pid = Int(r, 0, 4)) report.active_pid = static_cast<int>(*pid);
+      // NULL while inactive / unknown; a cell that is not a number is an error.
+      pg::Rows rows(r);
+      auto pid = rows.OptionalInt(0, 4);
+      auto retained = rows.OptionalInt(0, 7);
+      auto unconfirmed = rows.OptionalInt(0, 8);
+      auto safe_wal_size = rows.OptionalInt(0, 10);
+      if (const Error* e = pg::FirstError(pid, retained, unconfirmed, safe_wal_size)) {
+        return std::unexpected(*e);
+      }
+      if (*pid) report.active_pid = static_cast<int>(**pid);
       report.restart_lsn = Text(r, 0, 5);
       report.confirmed_flush_lsn = Text(r, 0, 6);
-      report.retained_bytes = Int(r, 0, 7);
-      report.unconfirmed_bytes = Int(r, 0, 8);
+      report.retained_bytes = *retained;
+      report.unconfirmed_bytes = *unconfirmed;
       report.wal_status = Text(r, 0, 9).value_or("");
-      report.safe_wal_size = Int(r, 0, 10);
+      report.safe_wal_size = *safe_wal_size;
       report.holder = Text(r, 0, 11).value_or("");
       auto flag = [&](int col) -> std::optional<bool> {
         auto v = Text(r, 0, col);
@@ -180,7 +183,9 @@ Result<SlotReport> QuerySlotReport(pg::Connection& conn, const std::string& slot
         "max(commit_time)::text FROM outbox_relay.commits WHERE slot_name = $1",
         params);
     if (!idx) return std::unexpected(idx.error());
-    report.indexed_transactions = Int(idx->get(), 0, 0).value_or(0);
+    auto indexed = pg::Rows(idx->get()).Int(0, 0);  // count(*): never NULL
+    if (!indexed) return std::unexpected(indexed.error());
+    report.indexed_transactions = *indexed;
     report.first_commit_lsn = Text(idx->get(), 0, 1);
     report.last_commit_lsn = Text(idx->get(), 0, 2);
     report.first_commit_time = Text(idx->get(), 0, 3);

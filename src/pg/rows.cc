@@ -41,6 +41,24 @@ Result<int64_t> Rows::Int(int row, int col) const {
   return v;
 }
 
+Result<std::optional<int64_t>> Rows::OptionalInt(int row, int col) const {
+  if (!Value(row, col)) return std::optional<int64_t>();
+  auto v = Int(row, col);
+  if (!v) return std::unexpected(v.error());
+  return std::optional<int64_t>(*v);
+}
+
+Result<double> Rows::Double(int row, int col) const {
+  auto text = Text(row, col);
+  if (!text) return std::unexpected(text.error());
+  double v = 0;
+  auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), v);
+  if (ec != std::errc() || end != text->data() + text->size()) {
+    return std::unexpected(Bad(row, col, fmt::format("'{}' is not a number", text->substr(0, 40))));
+  }
+  return v;
+}
+
 Result<bool> Rows::Bool(int row, int col) const {
   auto text = Text(row, col);
   if (!text) return std::unexpected(text.error());
@@ -55,6 +73,17 @@ Result<Lsn> Rows::LsnAt(int row, int col) const {
   auto lsn = Lsn::Parse(*text);
   if (!lsn) return std::unexpected(Bad(row, col, lsn.error().message));
   return *lsn;
+}
+
+Result<int64_t> Rows::AffectedRows() const {
+  std::string_view text = res_ != nullptr ? PQcmdTuples(const_cast<PGresult*>(res_)) : "";
+  int64_t n = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (ec != std::errc() || end != text.data() + text.size()) {
+    return Fail(ErrorCode::kProtocol, "unexpected command status '{}' (no row count)",
+                text.substr(0, 40));
+  }
+  return n;
 }
 
 pgoutput::Relation RelationOf(const PGresult* res) {

@@ -27,13 +27,32 @@ class Rows {
   std::optional<std::string_view> Value(int row, int col) const;
   Result<std::string_view> Text(int row, int col) const;  // error on NULL
   Result<int64_t> Int(int row, int col) const;
-  Result<bool> Bool(int row, int col) const;  // 't' / 'f'
-  Result<Lsn> LsnAt(int row, int col) const;  // "X/Y"
+  // A column that may be NULL: nullopt for NULL, an error for a non-number.
+  Result<std::optional<int64_t>> OptionalInt(int row, int col) const;
+  Result<double> Double(int row, int col) const;  // numeric or float text
+  Result<bool> Bool(int row, int col) const;      // 't' / 'f'
+  Result<Lsn> LsnAt(int row, int col) const;      // "X/Y"
+  // The rows an INSERT, UPDATE or DELETE touched (PQcmdTuples); an error
+  // when the command status carries no count.
+  Result<int64_t> AffectedRows() const;
 
  private:
   Error Bad(int row, int col, std::string_view why) const;
   const PGresult* res_;
 };
+
+// The first error among cells read with the getters above, nullptr when all
+// were read: for code that reads a row's cells into locals, then reports one
+// failure (as it reports a failed query) before using any of them.
+template <typename... Cells>
+const Error* FirstError(const Cells&... cells) {
+  const Error* first = nullptr;
+  auto note = [&first](const auto& cell) {
+    if (first == nullptr && !cell.has_value()) first = &cell.error();
+  };
+  (note(cells), ...);
+  return first;
+}
 
 // The result's columns as a Relation (names, type OIDs and modifiers).
 pgoutput::Relation RelationOf(const PGresult* res);
