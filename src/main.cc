@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
     const std::atomic<bool>& stop = outbox_relay::app::InstallStopSignals();
     spdlog::info("outbox-relay {} starting: table {}, slot {}, publication {}, sink {}",
                  OUTBOX_RELAY_VERSION, config.table, config.slot, config.publication,
-                 config.sink_flag);
+                 config.sink == outbox_relay::app::SinkKind::kNull ? "null" : "kafka");
     outbox_relay::app::Relay relay(config);
     return relay.Run(stop);
   }

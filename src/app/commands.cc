@@ -68,14 +68,16 @@ CLI::Option* AddChoiceOption(CLI::App& app, const std::string& flag, const std::
     }
     set(static_cast<size_t>(it - names.begin()));
   };
-  return app.add_option_function<std::string>(flag, parse, help + ": " + listed)
+  return app.add_option_function<std::string>(flag, parse, help)
       ->envname(env)
       ->type_name("TEXT:{" + set_of + "}")
       ->default_str(default_name);
 }
 
 CLI::Option* AddOutputOption(CLI::App& app, OutputFormat* value) {
-  return AddEnumOption(app, "--output", "OUTBOX_OUTPUT", value, {"text", "json"}, "Output format");
+  return AddEnumOption(app, "--output", "OUTBOX_OUTPUT", value,
+                       {{"text", OutputFormat::kText}, {"json", OutputFormat::kJson}},
+                       "Output format: text or json");
 }
 
 std::string JsonQuote(std::string_view text) {

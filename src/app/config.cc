@@ -26,8 +26,9 @@ std::vector<std::string> SplitCommas(std::string_view text) {
 }  // namespace
 
 void AddLogFlags(CLI::App& app, LogConfig& c) {
-  AddEnumOption(app, "--log-format", "OUTBOX_LOG_FORMAT", &c.format, {"text", "json"},
-                "Log format");
+  AddEnumOption(app, "--log-format", "OUTBOX_LOG_FORMAT", &c.format,
+                {{"text", LogFormat::kText}, {"json", LogFormat::kJson}},
+                "Log format: text or json");
   app.add_option("--log-level", c.level, "Log level: trace, debug, info, warn, error")
       ->envname("OUTBOX_LOG_LEVEL")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
@@ -103,17 +104,15 @@ void AddRunFlags(CLI::App& app, RelayConfig& c) {
                  "librdkafka property key=value, repeatable (TLS, SASL, compression, tuning). "
                  "Env OUTBOX_KAFKA_PROPERTIES: 'k=v;k=v' (\\; for a ';' in a value) or one per "
                  "line (values verbatim)");
-  app.add_option("--sink", c.sink_flag, "Where records go: kafka, or null (benchmarks only)")
-      ->envname("OUTBOX_SINK")
-      ->check(CLI::IsMember({"kafka", "null"}))
-      ->capture_default_str();
-  app.add_option("--delivery", c.delivery_flag,
-                 "at-least-once (the idempotent producer; a crash re-sends what was in flight) or "
-                 "exactly-once (Kafka transactions holding the relay's progress: nothing twice, "
-                 "for consumers with isolation.level=read_committed)")
-      ->envname("OUTBOX_DELIVERY")
-      ->check(CLI::IsMember({"at-least-once", "exactly-once"}))
-      ->capture_default_str();
+  AddEnumOption(app, "--sink", "OUTBOX_SINK", &c.sink,
+                {{"kafka", SinkKind::kKafka}, {"null", SinkKind::kNull}},
+                "Where records go: kafka, or null (benchmarks only)");
+  AddEnumOption(
+      app, "--delivery", "OUTBOX_DELIVERY", &c.delivery,
+      {{"at-least-once", DeliveryMode::kAtLeastOnce}, {"exactly-once", DeliveryMode::kExactlyOnce}},
+      "at-least-once (the idempotent producer; a crash re-sends what was in flight) or "
+      "exactly-once (Kafka transactions holding the relay's progress: nothing twice, "
+      "for consumers with isolation.level=read_committed)");
   app.add_option("--transactional-id", c.transactional_id,
                  "Exactly-once: the producer's transactional.id (empty: outbox-relay.<system "
                  "id>.<database>.<slot>, so relays of different databases never share one)")
@@ -158,12 +157,10 @@ void AddRunFlags(CLI::App& app, RelayConfig& c) {
                  "On SIGTERM: time to flush Kafka and the marker before giving up")
       ->envname("OUTBOX_SHUTDOWN_TIMEOUT_MS")
       ->capture_default_str();
-  app.add_option("--on-poison", c.on_poison_flag,
-                 "A row that cannot be published: dlq (dead-letter topic, then continue) or "
-                 "halt (stop before it)")
-      ->envname("OUTBOX_ON_POISON")
-      ->check(CLI::IsMember({"dlq", "halt"}))
-      ->capture_default_str();
+  AddEnumOption(app, "--on-poison", "OUTBOX_ON_POISON", &c.on_poison,
+                {{"dlq", pipeline::OnPoison::kDeadLetter}, {"halt", pipeline::OnPoison::kHalt}},
+                "A row that cannot be published: dlq (dead-letter topic, then continue) or "
+                "halt (stop before it)");
   app.add_option("--dlq-topic", c.dlq_topic, "Dead-letter topic")
       ->envname("OUTBOX_DLQ_TOPIC")
       ->capture_default_str();
@@ -171,12 +168,11 @@ void AddRunFlags(CLI::App& app, RelayConfig& c) {
                  "Largest dead-letter record; bigger payloads are replaced by a reference")
       ->envname("OUTBOX_DLQ_MAX_BYTES")
       ->capture_default_str();
-  app.add_option("--on-slot-lost", c.on_slot_lost_flag,
-                 "The slot is missing or invalidated: reconcile (recreate it and backfill the "
-                 "unacked rows) or fail (exit with an error)")
-      ->envname("OUTBOX_ON_SLOT_LOST")
-      ->check(CLI::IsMember({"reconcile", "fail"}))
-      ->capture_default_str();
+  AddEnumOption(
+      app, "--on-slot-lost", "OUTBOX_ON_SLOT_LOST", &c.on_slot_lost,
+      {{"reconcile", pipeline::OnSlotLost::kReconcile}, {"fail", pipeline::OnSlotLost::kFail}},
+      "The slot is missing or invalidated: reconcile (recreate it and backfill the "
+      "unacked rows) or fail (exit with an error)");
   app.add_option("--backfill", c.backfill,
                  "When the slot is created: publish the unacked rows committed before it "
                  "(migration from a polling forwarder)")
@@ -215,14 +211,13 @@ void AddRunFlags(CLI::App& app, RelayConfig& c) {
                  "How often outbox_rows_total is sampled from the table")
       ->envname("OUTBOX_ROW_COUNT_INTERVAL_S")
       ->capture_default_str();
-  app.add_option("--uuid-in-metadata", c.uuid_in_metadata_flag,
-                 "A metadata entry named _watermill_message_uuid: watermill (as watermill-kafka's "
-                 "marshaler: an empty one is sent as a second UUID header, which its consumers "
-                 "read as the message's UUID; a non-empty one makes the row poison) or drop (an "
-                 "empty one is left out; a non-empty one is still poison)")
-      ->envname("OUTBOX_UUID_IN_METADATA")
-      ->check(CLI::IsMember({"watermill", "drop"}))
-      ->capture_default_str();
+  AddEnumOption(
+      app, "--uuid-in-metadata", "OUTBOX_UUID_IN_METADATA", &c.mapper.uuid_in_metadata,
+      {{"watermill", outbox::UuidInMetadata::kWatermill}, {"drop", outbox::UuidInMetadata::kDrop}},
+      "A metadata entry named _watermill_message_uuid: watermill (as watermill-kafka's "
+      "marshaler: an empty one is sent as a second UUID header, which its consumers "
+      "read as the message's UUID; a non-empty one makes the row poison) or drop (an "
+      "empty one is left out; a non-empty one is still poison)");
   AddWatermillTableFlags(app, c.watermill_flags);
   app.add_option("--watermill-consumer-group", c.watermill_consumer_group,
                  "watermill mode: the consumer group whose position the relay reads (backfill) "
@@ -538,25 +533,8 @@ Status Validate(RelayConfig& c) {
   if (c.database_url.empty()) {
     return BadSetting("--database-url", "DATABASE_URL", "required, e.g. postgresql://user@host/db");
   }
-  // The flags are checked by CLI11 (IsMember); a config built in code is checked here.
-  if (c.sink_flag != "kafka" && c.sink_flag != "null") {
-    return BadSetting("--sink", "OUTBOX_SINK", fmt::format("'{}': kafka or null", c.sink_flag));
-  }
-  if (c.on_poison_flag != "dlq" && c.on_poison_flag != "halt") {
-    return BadSetting("--on-poison", "OUTBOX_ON_POISON",
-                      fmt::format("'{}': dlq or halt", c.on_poison_flag));
-  }
-  if (c.on_slot_lost_flag != "reconcile" && c.on_slot_lost_flag != "fail") {
-    return BadSetting("--on-slot-lost", "OUTBOX_ON_SLOT_LOST",
-                      fmt::format("'{}': reconcile or fail", c.on_slot_lost_flag));
-  }
-  c.sink = c.sink_flag == "null" ? SinkKind::kNull : SinkKind::kKafka;
-  if (c.delivery_flag != "at-least-once" && c.delivery_flag != "exactly-once") {
-    return BadSetting("--delivery", "OUTBOX_DELIVERY",
-                      fmt::format("'{}': at-least-once or exactly-once", c.delivery_flag));
-  }
-  c.delivery =
-      c.delivery_flag == "exactly-once" ? DeliveryMode::kExactlyOnce : DeliveryMode::kAtLeastOnce;
+  // --sink, --delivery, --on-poison, --on-slot-lost and --uuid-in-metadata are
+  // enums, parsed by CLI11 (AddEnumOption): a bad value never gets here.
   if (c.delivery == DeliveryMode::kExactlyOnce) {
     if (c.sink != SinkKind::kKafka) {
       return BadSetting("--delivery", "OUTBOX_DELIVERY", "exactly-once needs --sink kafka");
@@ -579,10 +557,6 @@ Status Validate(RelayConfig& c) {
                         "must be well below --transaction-timeout-ms (a quarter of it at most)");
     }
   }
-  c.on_poison =
-      c.on_poison_flag == "halt" ? pipeline::OnPoison::kHalt : pipeline::OnPoison::kDeadLetter;
-  c.on_slot_lost = c.on_slot_lost_flag == "fail" ? pipeline::OnSlotLost::kFail
-                                                 : pipeline::OnSlotLost::kReconcile;
   if (c.sink == SinkKind::kKafka && c.kafka_brokers.empty()) {
     return BadSetting("--kafka-brokers", "KAFKA_BROKERS",
                       "required, e.g. kafka-0:9092,kafka-1:9092");
@@ -650,13 +624,6 @@ Status Validate(RelayConfig& c) {
   if (c.row_count_interval_s < 1) {
     return BadSetting("--row-count-interval-s", "OUTBOX_ROW_COUNT_INTERVAL_S", "must be >= 1");
   }
-  if (c.uuid_in_metadata_flag != "watermill" && c.uuid_in_metadata_flag != "drop") {
-    return BadSetting("--uuid-in-metadata", "OUTBOX_UUID_IN_METADATA",
-                      fmt::format("'{}': watermill or drop", c.uuid_in_metadata_flag));
-  }
-  c.mapper.uuid_in_metadata = c.uuid_in_metadata_flag == "drop"
-                                  ? outbox::UuidInMetadata::kDrop
-                                  : outbox::UuidInMetadata::kWatermill;
   if (auto st = ValidateWatermill(c); !st) return st;
   if (c.watermill && c.delivery == DeliveryMode::kExactlyOnce) {
     // The Watermill tables' progress is the consumer group's offsets in

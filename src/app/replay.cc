@@ -528,10 +528,10 @@ void AddReplayFlags(CLI::App& app, ReplayConfig& c) {
 
 Status ValidateReplay(ReplayConfig& c) {
   // A dry run needs no Kafka.
-  std::string sink = c.relay.sink_flag;
-  if (c.dry_run) c.relay.sink_flag = "null";
+  SinkKind sink = c.relay.sink;
+  if (c.dry_run) c.relay.sink = SinkKind::kNull;
   Status st = Validate(c.relay);
-  c.relay.sink_flag = sink;
+  c.relay.sink = sink;
   if (!st) return st;
   if (c.relay.watermill) {
     // The commit index holds the transactions' xids, but replay reads and

@@ -18,6 +18,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "outbox_relay/core/result.h"
@@ -56,18 +57,27 @@ CLI::Option* AddIntOption(CLI::App& app, const std::string& flag, const std::str
 
 // An option that takes one of `names`: the i-th name calls set(i); `current`
 // is the default's index. Any other value fails the parse (exit 2) with
-// "invalid setting --flag (ENV): 'value': use a or b".
+// "invalid setting --flag (ENV): 'value': use a or b". `help` is used as is;
+// --help shows the names as the option's type ({a,b}).
 CLI::Option* AddChoiceOption(CLI::App& app, const std::string& flag, const std::string& env,
                              std::vector<std::string> names, size_t current,
                              std::function<void(size_t)> set, const std::string& help);
 
-// AddChoiceOption into an enum whose values are 0, 1, ... in the order of `names`.
+// AddChoiceOption into an enum: each name with its value; *value at the call
+// is the default.
 template <class Enum>
 CLI::Option* AddEnumOption(CLI::App& app, const std::string& flag, const std::string& env,
-                           Enum* value, std::vector<std::string> names, const std::string& help) {
+                           Enum* value, std::vector<std::pair<std::string, Enum>> choices,
+                           const std::string& help) {
+  std::vector<std::string> names;
+  size_t current = 0;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    names.push_back(choices[i].first);
+    if (choices[i].second == *value) current = i;
+  }
   return AddChoiceOption(
-      app, flag, env, std::move(names), static_cast<size_t>(*value),
-      [value](size_t i) { *value = static_cast<Enum>(i); }, help);
+      app, flag, env, std::move(names), current,
+      [value, choices = std::move(choices)](size_t i) { *value = choices[i].second; }, help);
 }
 
 // What a command prints its result as (--output, OUTBOX_OUTPUT).

@@ -70,10 +70,10 @@ struct RelayConfig {
   std::string acked_column = "offset_acked";
   std::string created_at_column = "created_at";  // "" = no outbox_forwarder_lag_seconds
   bool mark = true;
-  std::vector<std::string> kafka_properties;    // "key=value"
-  std::string sink_flag = "kafka";              // --sink: kafka | null (benchmarks)
-  std::string delivery_flag = "at-least-once";  // --delivery: at-least-once | exactly-once
-  std::string transactional_id;                 // "" = derived (system id, database, slot)
+  std::vector<std::string> kafka_properties;           // "key=value"
+  SinkKind sink = SinkKind::kKafka;                    // --sink
+  DeliveryMode delivery = DeliveryMode::kAtLeastOnce;  // --delivery
+  std::string transactional_id;                        // "" = derived (system id, database, slot)
   std::string progress_topic = "outbox-relay.progress";
   int64_t txn_interval_ms = 20;
   int64_t txn_max_rows = 10000;
@@ -83,10 +83,10 @@ struct RelayConfig {
   int64_t marker_interval_ms = 20;  // a marking statement gathers what was delivered in this time
   int64_t status_interval_ms = 1000;
   int64_t shutdown_timeout_ms = 25000;
-  std::string on_poison_flag = "dlq";  // --on-poison: dlq | halt
+  pipeline::OnPoison on_poison = pipeline::OnPoison::kDeadLetter;  // --on-poison
   std::string dlq_topic = "outbox-relay.dlq";
   int64_t dlq_max_bytes = 1000000;
-  std::string on_slot_lost_flag = "reconcile";  // --on-slot-lost: reconcile | fail
+  pipeline::OnSlotLost on_slot_lost = pipeline::OnSlotLost::kReconcile;  // --on-slot-lost
   bool backfill = true;           // publish unacked rows older than a newly created slot
   int64_t backfill_batch = 5000;  // rows per backfill query
   bool failover_slot = false;     // create the slot with failover = true (17+)
@@ -102,7 +102,6 @@ struct RelayConfig {
   std::string watermill_consumer_group;  // the forwarder's ConsumerGroup ("" usually)
   int64_t watermill_discover_interval_s = 10;
   int64_t watermill_join_lock_timeout_ms = 2000;
-  std::string uuid_in_metadata_flag = "watermill";  // --uuid-in-metadata: watermill | drop
   // The replication connection's URL when it must differ from DATABASE_URL
   // (e.g. DATABASE_URL goes through a pooler, which cannot replicate): the
   // same database. "" = DATABASE_URL.
@@ -122,10 +121,6 @@ struct RelayConfig {
 
   // Filled by Validate():
   pg::QualifiedName table_name;
-  SinkKind sink = SinkKind::kKafka;
-  DeliveryMode delivery = DeliveryMode::kAtLeastOnce;
-  pipeline::OnPoison on_poison = pipeline::OnPoison::kDeadLetter;
-  pipeline::OnSlotLost on_slot_lost = pipeline::OnSlotLost::kReconcile;
   std::vector<std::pair<std::string, std::string>> kafka_property_pairs;
   bool watermill = false;  // table_mode == "watermill"
   pipeline::WatermillSettings watermill_settings;

@@ -93,18 +93,61 @@ TEST(Validate, SeedModeIsTheDefaultAndUuidInMetadataIsParsed) {
   ASSERT_TRUE(Validate(c).has_value());
   EXPECT_FALSE(c.watermill);
   EXPECT_EQ(c.mapper.uuid_in_metadata, outbox::UuidInMetadata::kWatermill);
-  c.uuid_in_metadata_flag = "drop";
-  ASSERT_TRUE(Validate(c).has_value());
-  EXPECT_EQ(c.mapper.uuid_in_metadata, outbox::UuidInMetadata::kDrop);
-  c.uuid_in_metadata_flag = "keep";
-  EXPECT_FALSE(Validate(c).has_value());
+}
+
+// The choice flags of `run` are enums parsed by CLI11: the names map to
+// their values, and anything else fails the parse naming the flag and its
+// variable (main exits 2).
+TEST(RunFlags, ChoiceFlagsAreEnumsAndABadValueNamesTheFlagAndVariable) {
+  {
+    CLI::App app;
+    RelayConfig c;
+    AddRunFlags(app, c);
+    app.parse("", false);
+    EXPECT_EQ(c.sink, SinkKind::kKafka);
+    EXPECT_EQ(c.delivery, DeliveryMode::kAtLeastOnce);
+    EXPECT_EQ(c.on_poison, pipeline::OnPoison::kDeadLetter);
+    EXPECT_EQ(c.on_slot_lost, pipeline::OnSlotLost::kReconcile);
+    EXPECT_EQ(c.mapper.uuid_in_metadata, outbox::UuidInMetadata::kWatermill);
+    app.parse(
+        "--sink null --delivery exactly-once --on-poison halt --on-slot-lost fail "
+        "--uuid-in-metadata drop",
+        false);
+    EXPECT_EQ(c.sink, SinkKind::kNull);
+    EXPECT_EQ(c.delivery, DeliveryMode::kExactlyOnce);
+    EXPECT_EQ(c.on_poison, pipeline::OnPoison::kHalt);
+    EXPECT_EQ(c.on_slot_lost, pipeline::OnSlotLost::kFail);
+    EXPECT_EQ(c.mapper.uuid_in_metadata, outbox::UuidInMetadata::kDrop);
+  }
+  struct Bad {
+    const char* args;
+    const char* message;
+  };
+  for (const Bad& b : {
+           Bad{"--sink file", "invalid setting --sink (OUTBOX_SINK): 'file': use kafka or null"},
+           Bad{"--delivery exactly-twice",
+               "--delivery (OUTBOX_DELIVERY): 'exactly-twice': use at-least-once or exactly-once"},
+           Bad{"--on-poison skip", "--on-poison (OUTBOX_ON_POISON): 'skip': use dlq or halt"},
+           Bad{"--on-slot-lost ignore", "--on-slot-lost (OUTBOX_ON_SLOT_LOST): 'ignore'"},
+           Bad{"--uuid-in-metadata keep", "--uuid-in-metadata (OUTBOX_UUID_IN_METADATA): 'keep'"},
+       }) {
+    CLI::App app;
+    RelayConfig c;
+    AddRunFlags(app, c);
+    try {
+      app.parse(b.args, false);
+      ADD_FAILURE() << b.args << " was accepted";
+    } catch (const CLI::ParseError& e) {
+      EXPECT_NE(std::string(e.what()).find(b.message), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(Validate, ExactlyOnceIsParsedAndItsSettingsAreCheckedByName) {
   RelayConfig c = Minimal();
   ASSERT_TRUE(Validate(c).has_value());
   EXPECT_EQ(c.delivery, DeliveryMode::kAtLeastOnce);
-  c.delivery_flag = "exactly-once";
+  c.delivery = DeliveryMode::kExactlyOnce;
   ASSERT_TRUE(Validate(c).has_value());
   EXPECT_EQ(c.delivery, DeliveryMode::kExactlyOnce);
 
@@ -115,10 +158,7 @@ TEST(Validate, ExactlyOnceIsParsedAndItsSettingsAreCheckedByName) {
     EXPECT_NE(st.error().message.find(names), std::string::npos) << st.error().message;
   };
   RelayConfig bad = c;
-  bad.delivery_flag = "exactly-twice";
-  refused(bad, "OUTBOX_DELIVERY");
-  bad = c;
-  bad.sink_flag = "null";
+  bad.sink = SinkKind::kNull;
   refused(bad, "--delivery");
   bad = c;
   bad.progress_topic = "";

@@ -284,7 +284,7 @@ TEST(OpsReplaySettings, DryRunNeedsNoKafka) {
   EXPECT_NE(st.error().message.find("KAFKA_BROKERS"), std::string::npos);
   c.dry_run = true;
   EXPECT_TRUE(ValidateReplay(c));
-  EXPECT_EQ(c.relay.sink_flag, "kafka");  // untouched by the dry run's validation
+  EXPECT_EQ(c.relay.sink, SinkKind::kKafka);  // untouched by the dry run's validation
 }
 
 TEST(OpsCheckOutput, TextShowsFixesAndJsonParses) {
