@@ -245,13 +245,11 @@ void AddRunFlags(CLI::App& app, RelayConfig& c) {
 }
 
 void AddWatermillTableFlags(CLI::App& app, WatermillFlags& f) {
-  app.add_option("--table-mode", f.table_mode,
-                 "seed: the house outbox table (--table, --topic-template, --key-field, "
-                 "offset_acked); watermill: watermill-sql's own tables (--watermill-*), topic "
-                 "from each table, progress in watermill_offsets_<topic>")
-      ->envname("OUTBOX_TABLE_MODE")
-      ->check(CLI::IsMember({"seed", "watermill"}))
-      ->capture_default_str();
+  AddEnumOption(app, "--table-mode", "OUTBOX_TABLE_MODE", &f.table_mode,
+                {{"seed", TableMode::kSeed}, {"watermill", TableMode::kWatermill}},
+                "seed: the house outbox table (--table, --topic-template, --key-field, "
+                "offset_acked); watermill: watermill-sql's own tables (--watermill-*), topic "
+                "from each table, progress in watermill_offsets_<topic>");
   app.add_option("--watermill-tables", f.tables,
                  "watermill mode: tables written by watermill-sql publishers, comma-separated "
                  "(\"watermill_<topic>\"; quote names with upper case or dots: "
@@ -279,11 +277,7 @@ void AddWatermillTableFlags(CLI::App& app, WatermillFlags& f) {
 
 Status ParseWatermillFlags(const WatermillFlags& f, bool* watermill,
                            pipeline::WatermillSettings* settings) {
-  if (f.table_mode != "seed" && f.table_mode != "watermill") {
-    return BadSetting("--table-mode", "OUTBOX_TABLE_MODE",
-                      fmt::format("'{}': seed or watermill", f.table_mode));
-  }
-  *watermill = f.table_mode == "watermill";
+  *watermill = f.table_mode == TableMode::kWatermill;
   pipeline::WatermillSettings& w = *settings;
   w = pipeline::WatermillSettings{};
   if (!*watermill) return Ok();

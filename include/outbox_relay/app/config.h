@@ -41,14 +41,19 @@ struct LogConfig {
   std::string level = "info";
 };
 
+enum class TableMode {
+  kSeed,       // the house outbox table (--table)
+  kWatermill,  // watermill-sql's own tables (--watermill-*)
+};
+
 // The flags that choose the tables (run, check, cleanup), as given.
 struct WatermillFlags {
-  std::string table_mode = "seed";  // seed | watermill
-  std::string tables;               // "a,b": direct tables
-  std::string forwarder_tables;     // "a,b": forwarder envelope tables
-  std::string pattern;              // "schema.watermill_*"
-  std::string topic_map;            // "table=topic,..."
-  std::string offsets_map;          // "table=offsets_table,..."
+  TableMode table_mode = TableMode::kSeed;
+  std::string tables;            // "a,b": direct tables
+  std::string forwarder_tables;  // "a,b": forwarder envelope tables
+  std::string pattern;           // "schema.watermill_*"
+  std::string topic_map;         // "table=topic,..."
+  std::string offsets_map;       // "table=offsets_table,..."
   std::string consumer_group;
 };
 
@@ -122,7 +127,7 @@ struct RelayConfig {
   // Filled by Validate():
   pg::QualifiedName table_name;
   std::vector<std::pair<std::string, std::string>> kafka_property_pairs;
-  bool watermill = false;  // table_mode == "watermill"
+  bool watermill = false;  // --table-mode watermill
   pipeline::WatermillSettings watermill_settings;
   pg::NetworkOptions pg_network;  // from the pg_* timeouts
 
