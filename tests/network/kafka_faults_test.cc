@@ -8,9 +8,13 @@
 // deadline (--kafka-delivery-timeout-ms): the records that time out are given
 // up, never counted as delivered, and sent again from the slot once the
 // pipeline restarts; after the heal everything arrives, in order per key.
+//
+// One broker 200 ms slower: confirmation slows, never stops; nothing is
+// given up or sent twice.
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <memory>
 #include <random>
 #include <thread>
@@ -128,6 +132,111 @@ TEST_F(NetworkKafka, OneBrokerBlackHoledLongerThanTheDeliveryTimeout) {
   network::PrintFigures(f);
   network::ExpectClean(f);
   EXPECT_GE(restarts, 1u) << "the timed-out records were never given up";
+}
+
+// One broker of three 200 ms slower (every answer it sends is held 200 ms):
+// its partitions' records take longer to be acknowledged, so confirmation
+// moves in longer steps, but it keeps moving and nothing is given up; after
+// the heal the relay is as quick as before. Figures: the time the slot takes
+// to confirm the WAL written at a moment (the confirmation lag), before and
+// during the latency.
+TEST_F(NetworkKafka, OneBrokerTwoHundredMsSlowerNothingStalls) {
+  CreateTables();
+  RelayProcess& relay =
+      StartRelay({"--kafka-brokers", cluster_->client_brokers(), "--topic-replication-factor", "3"},
+                 {{"KAFKA_BROKERS", cluster_->client_brokers()}});
+  ASSERT_TRUE(WaitStreaming(relay, seconds(60))) << relay.LogTail();
+  Ledger ledger;
+  LoadGenerator load(
+      Workload(), &ledger, 2,
+      [](std::mt19937_64& rng) {
+        TxSpec tx;
+        tx.rows = 1 + static_cast<int>(rng() % 20);
+        tx.rollback = rng() % 10 == 0;
+        return tx;
+      },
+      std::chrono::microseconds(5000));
+  load.Start();
+  std::this_thread::sleep_for(seconds(4));
+  // The confirmation lag, sampled `n` times one after the other: the worst.
+  auto worst_lag = [&](int n) {
+    double worst = 0;
+    for (int i = 0; i < n; ++i) {
+      auto lag = network::SecondsUntilConfirmed(*db_, name_, CurrentWalLsn(*db_), seconds(30));
+      if (!lag) return std::optional<double>();
+      worst = std::max(worst, *lag);
+    }
+    return std::optional<double>(worst);
+  };
+  std::optional<double> lag_before = worst_lag(5);
+  ASSERT_TRUE(lag_before.has_value()) << "the relay does not confirm under load\n"
+                                      << relay.LogTail();
+
+  int32_t victim = -1;
+  int most = 0;
+  for (const auto& [node, count] : cluster_->LeaderCounts(topic_prefix_ + ".")) {
+    if (node > 0 && count > most) {
+      victim = node;
+      most = count;
+    }
+  }
+  ASSERT_GT(victim, 0) << "no partition of the test's topics has a leader";
+  std::string proxy = fmt::format("kafka{}", cluster_->IndexOf(victim));
+
+  Figures f;
+  f.scenario = fmt::format("kafka broker {} of 3 (leads {} partitions) 200 ms slower for 15 s",
+                           victim, most);
+  auto fault = SysClock::now();
+  auto fault_steady = std::chrono::steady_clock::now();
+  proxy_->AddToxic(proxy, {.name = "slow",
+                           .type = "latency",
+                           .stream = "downstream",
+                           .attributes = {{"latency", 200}, {"jitter", 0}}});
+  // Sampled until 15 s have passed: each sample must be confirmed within 30 s.
+  std::optional<double> lag_during = 0.0;
+  int samples = 0;
+  while (std::chrono::steady_clock::now() - fault_steady < seconds(15) && lag_during) {
+    auto lag = worst_lag(1);
+    lag_during = lag ? std::optional<double>(std::max(*lag_during, *lag)) : std::nullopt;
+    ++samples;
+  }
+  EXPECT_TRUE(lag_during.has_value())
+      << "the slot did not confirm within 30 s while one broker was slow\n"
+      << relay.LogTail();
+  size_t given_up = network::CountLogAfter(relay.Log(), "giving them up", fault);
+  size_t restarts = network::CountLogAfter(relay.Log(), "restarting the pipeline", fault);
+  proxy_->RemoveToxic(proxy, "slow");
+  auto healed = std::chrono::steady_clock::now();
+  uint64_t target = CurrentWalLsn(*db_);
+  f.recover_s = network::SecondsUntilConfirmed(*db_, name_, target, seconds(90));
+  f.recover_what = "heal -> slot confirms the WAL of the heal";
+  EXPECT_TRUE(f.recover_s.has_value()) << relay.LogTail();
+  std::optional<double> lag_after = worst_lag(5);
+
+  std::string load_error = load.Stop();
+  ASSERT_EQ(load_error, "") << "writer failed";
+  uint64_t wal_after_load = CurrentWalLsn(*db_);
+  EXPECT_EQ(WaitAllAcked(seconds(90)), 0) << "rows still unacked\n" << DescribeUnacked();
+  EXPECT_EQ(MisackedRows(), 0);
+  EXPECT_GE(WaitConfirmedAtLeast(wal_after_load, seconds(30)), wal_after_load);
+  ASSERT_TRUE(relay.Running()) << "the relay exited by itself:\n" << relay.LogTail();
+  relay.Terminate();
+  EXPECT_EQ(relay.Wait(seconds(40)), std::optional<int>(0)) << relay.LogTail();
+
+  std::vector<KafkaRecord> records =
+      reader_->Read({}, topic_prefix_ + ".", {.timeout = seconds(60)});
+  f.delivery = CheckDelivery(ledger.committed(), ledger.rolled_back(), records);
+  f.notes = fmt::format(
+      "confirmation lag worst {} before, {} during ({} samples), {} after; {} deliveries given "
+      "up, {} pipeline restarts; {} transactions; drained {:.1f} s after the heal",
+      network::Seconds(lag_before), network::Seconds(lag_during), samples,
+      network::Seconds(lag_after), given_up, restarts, load.transactions(), SecondsSince(healed));
+  network::PrintFigures(f);
+  network::ExpectClean(f);
+  EXPECT_EQ(given_up, 0u) << "a slow broker is not a dead one: nothing is given up";
+  EXPECT_EQ(restarts, 0u) << relay.LogTail();
+  EXPECT_EQ(f.delivery.duplicates, 0u) << "nothing was sent twice without a fault\n"
+                                       << f.delivery.Samples();
 }
 
 }  // namespace

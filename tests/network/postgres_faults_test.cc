@@ -3,7 +3,8 @@
 // through a Toxiproxy proxy of their own on 127.0.0.1, and the scenarios
 // black-hole, reset and slice them under load. Every scenario prints its
 // figures (network_support.h) and holds the relay to the same rules as the
-// crash tests: nothing lost, no phantoms, per-aggregate order kept.
+// crash tests: nothing lost, no phantoms, per-aggregate order kept. A slow
+// or narrow stream (latency, a bandwidth cap) must not be taken for a dead one.
 //
 // The durations are short (seconds) and so are the relay's timeouts, set by
 // its flags; the server's wal_sender_timeout is lowered for the replication
@@ -15,6 +16,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <memory>
 #include <random>
 #include <regex>
@@ -115,6 +117,26 @@ class NetworkPg : public RelayTest {
     static const std::regex re("silent after ([0-9]+) ms");
     if (!std::regex_search(log, m, re)) return std::nullopt;
     return std::stod(m[1].str()) / 1000 + 0.5;
+  }
+
+  // Watches the slot for `duration` (under load): the longest time its
+  // confirmed position stood still.
+  double LongestConfirmationPause(std::chrono::seconds duration) {
+    auto end = std::chrono::steady_clock::now() + duration;
+    uint64_t last = 0;
+    auto last_move = std::chrono::steady_clock::now();
+    double longest = 0;
+    while (std::chrono::steady_clock::now() < end) {
+      auto slot = QuerySlot(*db_, name_);
+      auto now = std::chrono::steady_clock::now();
+      if (slot && slot->confirmed_flush_lsn && *slot->confirmed_flush_lsn != last) {
+        last = *slot->confirmed_flush_lsn;
+        last_move = now;
+      }
+      longest = std::max(longest, std::chrono::duration<double>(now - last_move).count());
+      std::this_thread::sleep_for(milliseconds(250));
+    }
+    return longest;
   }
 
   // Seconds from `since` until the slot confirms the WAL written up to now.
@@ -232,6 +254,53 @@ TEST_F(NetworkPg, SlicedThenResetMidStream) {
   EXPECT_TRUE(f.recover_s.has_value()) << relay.LogTail();
   std::this_thread::sleep_for(seconds(2));
   Finish(relay, *load, ledger, &f);
+}
+
+// (d) A slow stream, not a dead one: 200 ms ± 50 ms latency on everything the
+// walsender sends for 20 s, then its bandwidth capped to 100 KB/s for 20 s
+// (below what the load writes: the relay falls behind and catches up after).
+// Data and keepalive replies still flow, so the relay must not take the
+// connection for dead; confirmation keeps moving; nothing is sent twice.
+TEST_F(NetworkPg, ReplicationSlowThenNarrowNeverTakenForDead) {
+  CreateTables();
+  RelayProcess& relay = StartProxiedRelay();
+  ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
+  Ledger ledger;
+  auto load = StartLoad(&ledger);
+  std::this_thread::sleep_for(seconds(2));
+
+  Figures f;
+  f.scenario = "pg replication 200 +- 50 ms latency 20 s, then 100 KB/s 20 s";
+  auto fault = SysClock::now();
+  proxy_->AddToxic("pg_repl", {.name = "slow",
+                               .type = "latency",
+                               .stream = "downstream",
+                               .attributes = {{"latency", 200}, {"jitter", 50}}});
+  double paused_slow = LongestConfirmationPause(seconds(20));
+  proxy_->RemoveToxic("pg_repl", "slow");
+  proxy_->AddToxic("pg_repl",
+                   {.name = "narrow", .type = "bandwidth", .attributes = {{"rate", 100}}});
+  double paused_narrow = LongestConfirmationPause(seconds(20));
+  proxy_->RemoveToxic("pg_repl", "narrow");
+  f.recover_s = RecoveryAfter(seconds(90));
+  f.recover_what = "toxics removed -> slot confirms the WAL of that moment";
+  EXPECT_TRUE(f.recover_s.has_value()) << relay.LogTail();
+  size_t silences = network::CountLogAfter(relay.Log(), "replication connection silent", fault);
+  size_t reconnects = network::CountLogAfter(relay.Log(), "streaming from slot", fault);
+  f.notes = fmt::format(
+      "confirmation stood still at most {:.1f} s under latency, {:.1f} s under the cap; {} "
+      "silences detected, {} reconnects",
+      paused_slow, paused_narrow, silences, reconnects);
+  EXPECT_EQ(silences, 0u) << "a slow connection was taken for dead\n" << relay.LogTail();
+  EXPECT_EQ(reconnects, 0u) << relay.LogTail();
+  // The receive bound is 8 s (StartProxiedRelay): confirmation pausing that
+  // long would be a stall, not a slow stream.
+  EXPECT_LT(paused_slow, kReceiveTimeoutMs / 1000.0) << relay.LogTail();
+  EXPECT_LT(paused_narrow, kReceiveTimeoutMs / 1000.0) << relay.LogTail();
+  std::this_thread::sleep_for(seconds(1));
+  Finish(relay, *load, ledger, &f);
+  EXPECT_EQ(f.delivery.duplicates, 0u) << "nothing was sent twice without a break\n"
+                                       << f.delivery.Samples();
 }
 
 }  // namespace
