@@ -76,6 +76,7 @@ void Sampler::Stop() {
     std::lock_guard lock(mu_);
     stop_ = true;
   }
+  aborting_ = true;
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
 }
@@ -118,6 +119,7 @@ void Sampler::Loop() {
         continue;
       }
       conn.emplace(std::move(*c));
+      conn->set_abort(&aborting_);
     }
     auto now = Clock::now();
     bool failed = false;
@@ -130,7 +132,7 @@ void Sampler::Loop() {
         metrics_->rows_unacked().Set(c->pending);
       } else {
         failed = true;
-        spdlog::warn("metrics sampler: {}", c.error().message);
+        if (!aborting_) spdlog::warn("metrics sampler: {}", c.error().message);
       }
     } else if (config_.mark && counts_due) {
       auto res = conn->Exec(counts_sql);
@@ -139,7 +141,7 @@ void Sampler::Loop() {
       Result<double> unacked_rows = res ? pg::Rows(res->get()).Double(0, 1) : acked_rows;
       if (const Error* e = pg::FirstError(acked_rows, unacked_rows)) {
         failed = true;
-        spdlog::warn("metrics sampler: {}", e->message);
+        if (!aborting_) spdlog::warn("metrics sampler: {}", e->message);
       } else {
         metrics_->rows_acked().Set(*acked_rows);
         metrics_->rows_pending().Set(*unacked_rows);
@@ -172,6 +174,7 @@ void Sampler::Loop() {
         failed = true;
       }
     }
+    if (aborting_) return;  // stopping: what failed was cut short by Stop()
     if (failed) {
       metrics_->CountError(metrics::ErrorReason::kDbRead);
       conn.reset();

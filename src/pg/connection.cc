@@ -271,15 +271,21 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Waits until the socket is ready for `events` or `until` passes (false).
-bool WaitSocket(PGconn* conn, short events, Clock::time_point until) {
+enum class Wait { kReady, kTimedOut, kAborted };
+
+// Waits until the socket is ready for `events`, `until` passes, or *abort
+// turns true (looked at every 100 ms).
+Wait WaitSocket(PGconn* conn, short events, Clock::time_point until,
+                const std::atomic<bool>* abort) {
   pollfd pfd{PQsocket(conn), events, 0};
-  if (pfd.fd < 0) return true;  // libpq reports the broken connection
+  if (pfd.fd < 0) return Wait::kReady;  // libpq reports the broken connection
+  const int64_t slice = abort != nullptr ? 100 : 1000;
   while (true) {
+    if (abort != nullptr && abort->load()) return Wait::kAborted;
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
-    if (left.count() <= 0) return false;
-    int rc = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
-    if (rc > 0 || (rc < 0 && errno != EINTR)) return true;
+    if (left.count() <= 0) return Wait::kTimedOut;
+    int rc = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left.count(), slice)));
+    if (rc > 0 || (rc < 0 && errno != EINTR)) return Wait::kReady;
   }
 }
 
@@ -304,7 +310,13 @@ Result<ResultHandle> Connection::Run(std::string_view what, Send send) {
                 "be dropping packets)",
                 what, deadline_.count());
   };
-  auto until = Clock::now() + deadline_;
+  auto gave_up = [&](Wait why) -> std::unexpected<Error> {
+    if (why == Wait::kTimedOut) return timed_out();
+    conn_.reset();
+    return Fail(ErrorCode::kCancelled,
+                "{}: stopped while waiting for PostgreSQL's answer; connection closed", what);
+  };
+  auto until = deadline_.count() > 0 ? Clock::now() + deadline_ : Clock::time_point::max();
   if (PQsetnonblocking(c, 1) != 0) {
     return std::unexpected(ErrorFromResult(nullptr, c, what));
   }
@@ -314,7 +326,9 @@ Result<ResultHandle> Connection::Run(std::string_view what, Send send) {
   }
   int flushed = 0;
   while ((flushed = PQflush(c)) == 1) {
-    if (!WaitSocket(c, POLLIN | POLLOUT, until)) return timed_out();
+    if (Wait w = WaitSocket(c, POLLIN | POLLOUT, until, abort_); w != Wait::kReady) {
+      return gave_up(w);
+    }
     if (PQconsumeInput(c) == 0) break;
   }
   // As PQexec: the last result, or the first error (execution stops there).
@@ -322,7 +336,7 @@ Result<ResultHandle> Connection::Run(std::string_view what, Send send) {
   ResultHandle last;
   while (flushed >= 0) {
     while (PQisBusy(c) != 0) {
-      if (!WaitSocket(c, POLLIN, until)) return timed_out();
+      if (Wait w = WaitSocket(c, POLLIN, until, abort_); w != Wait::kReady) return gave_up(w);
       if (PQconsumeInput(c) == 0) break;
     }
     ResultHandle res(PQgetResult(c));
@@ -344,7 +358,7 @@ Result<ResultHandle> Connection::Run(std::string_view what, Send send) {
 
 Result<ResultHandle> Connection::Exec(std::string_view sql) {
   std::string q(sql);
-  if (deadline_.count() > 0 || !conn_) {
+  if (deadline_.count() > 0 || abort_ != nullptr || !conn_) {
     return Run(sql.substr(0, 80), [&](PGconn* c) { return PQsendQuery(c, q.c_str()); });
   }
   ResultHandle res(PQexec(conn_.get(), q.c_str()));
@@ -361,7 +375,7 @@ Result<ResultHandle> Connection::ExecParams(std::string_view sql,
   std::vector<const char*> values;
   values.reserve(params.size());
   for (const auto& p : params) values.push_back(p ? p->c_str() : nullptr);
-  if (deadline_.count() > 0 || !conn_) {
+  if (deadline_.count() > 0 || abort_ != nullptr || !conn_) {
     return Run(sql.substr(0, 80), [&](PGconn* c) {
       return PQsendQueryParams(c, q.c_str(), static_cast<int>(values.size()), nullptr,
                                values.data(), nullptr, nullptr, 0);
@@ -379,7 +393,7 @@ Result<ResultHandle> Connection::ExecParams(std::string_view sql,
 Status Connection::Prepare(std::string_view name_view, std::string_view sql, int n_params) {
   std::string name(name_view);
   std::string q(sql);
-  if (deadline_.count() > 0 || !conn_) {
+  if (deadline_.count() > 0 || abort_ != nullptr || !conn_) {
     auto res = Run("prepare " + name, [&](PGconn* c) {
       return PQsendPrepare(c, name.c_str(), q.c_str(), n_params, nullptr);
     });
@@ -396,7 +410,7 @@ Status Connection::Prepare(std::string_view name_view, std::string_view sql, int
 Result<ResultHandle> Connection::ExecPrepared(std::string_view name_view,
                                               std::span<const char* const> params) {
   std::string name(name_view);
-  if (deadline_.count() > 0 || !conn_) {
+  if (deadline_.count() > 0 || abort_ != nullptr || !conn_) {
     return Run(name, [&](PGconn* c) {
       return PQsendQueryPrepared(c, name.c_str(), static_cast<int>(params.size()), params.data(),
                                  nullptr, nullptr, 0);

@@ -303,5 +303,60 @@ TEST_F(NetworkPg, ReplicationSlowThenNarrowNeverTakenForDead) {
                                        << f.delivery.Samples();
 }
 
+// (e) The address black-holed for good, as after a failover that leaves the
+// old address answering nothing: DATABASE_URL and the replication URL name
+// two addresses (a multi-host URL, as docs/runbook.md "PostgreSQL failover"
+// advises), here two proxies to the same server. The first goes silent under
+// load and stays so; the relay finds the silence within its bound, gives up
+// connecting there after --pg-connect-timeout-s and goes on at the second.
+TEST_F(NetworkPg, AddressBlackHoledForGoodTheRelayMovesToTheNextHost) {
+  CreateTables();
+  int base = 28680 + static_cast<int>(::getpid() % 40) * 2;
+  std::string upstream = network::HostPort(env_.database_url);
+  std::string repl_b = proxy_->CreateProxy("pg_repl_b", FreeLocalPort(base), upstream);
+  std::string sql_b = proxy_->CreateProxy("pg_sql_b", FreeLocalPort(base + 100), upstream);
+  std::string repl_url = network::WithHosts(ReplicationUrl(), repl_addr_ + "," + repl_b);
+  std::string sql_url = network::WithHosts(SqlUrl(), sql_addr_ + "," + sql_b);
+  RelayProcess& relay = StartRelay(
+      {"--replication-database-url", repl_url, "--status-interval-ms", "500",
+       "--pg-receive-timeout-ms", std::to_string(kReceiveTimeoutMs), "--pg-statement-timeout-ms",
+       std::to_string(kStatementTimeoutMs), "--pg-connect-timeout-s", "2",
+       "--pg-tcp-user-timeout-ms", "4000", "--pg-keepalives-idle-s", "2",
+       "--pg-keepalives-interval-s", "1", "--pg-keepalives-count", "2"},
+      {{"DATABASE_URL", sql_url}});
+  ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
+  Ledger ledger;
+  auto load = StartLoad(&ledger);
+  std::this_thread::sleep_for(seconds(3));
+
+  Figures f;
+  f.scenario = "pg first address black-holed for good (multi-host URL)";
+  f.bound_s = LoggedReceiveBound(relay.Log());
+  ASSERT_TRUE(f.bound_s.has_value()) << relay.LogTail();
+  auto fault = SysClock::now();
+  auto fault_steady = std::chrono::steady_clock::now();
+  proxy_->BlackHole("pg_repl");
+  proxy_->BlackHole("pg_sql");
+  // Recovered: the slot confirms the WAL written 2 s into the hole.
+  std::this_thread::sleep_for(seconds(2));
+  uint64_t target = CurrentWalLsn(*db_);
+  auto confirmed = network::SecondsUntilConfirmed(*db_, name_, target, seconds(90));
+  EXPECT_TRUE(confirmed.has_value()) << "the relay did not go on at the second address\n"
+                                     << relay.LogTail();
+  if (confirmed) {
+    f.recover_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - fault_steady).count();
+  }
+  f.recover_what = "fault -> slot confirms the WAL written 2 s into it";
+  f.detect_s = network::FirstLogAfter(relay.Log(), "replication connection silent", fault);
+  EXPECT_TRUE(f.detect_s.has_value()) << relay.LogTail();
+  std::optional<double> again = network::FirstLogAfter(relay.Log(), "streaming from slot", fault);
+  f.notes = fmt::format("streaming again {} after the fault, the first address still silent",
+                        network::Seconds(again));
+  // Still through the second address: the first never came back.
+  std::this_thread::sleep_for(seconds(2));
+  Finish(relay, *load, ledger, &f);
+}
+
 }  // namespace
 }  // namespace outbox_test

@@ -34,6 +34,10 @@ class Sampler {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
+  // Set by Stop(): a statement of the sampler's waiting for an answer gives
+  // up at once (pg::Connection::set_abort), so Stop() does not wait out the
+  // sampler's long statement deadline on a connection gone silent.
+  std::atomic<bool> aborting_{false};
 };
 
 }  // namespace outbox_relay::app

@@ -9,6 +9,7 @@
 
 #include <libpq-fe.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -92,6 +93,11 @@ class Connection {
   // network dropped it or its answer, and nothing else can be sent on it.
   void set_deadline(std::chrono::milliseconds deadline) { deadline_ = deadline; }
   std::chrono::milliseconds deadline() const { return deadline_; }
+  // Once *abort is true (another thread sets it to stop this one), a
+  // statement waiting for its answer gives up within 100 ms: the connection
+  // is closed and kCancelled returned, so a stopping thread never waits out
+  // the deadline on a connection the network went silent on. nullptr: none.
+  void set_abort(const std::atomic<bool>* abort) { abort_ = abort; }
 
   PGconn* get() const { return conn_.get(); }
   bool ok() const { return conn_ && PQstatus(conn_.get()) == CONNECTION_OK; }
@@ -106,6 +112,7 @@ class Connection {
   Result<ResultHandle> Run(std::string_view what, Send send);
   ConnHandle conn_;
   std::chrono::milliseconds deadline_{0};
+  const std::atomic<bool>* abort_ = nullptr;
 };
 
 // Value of row `row`, column `col`; std::nullopt for SQL NULL.
