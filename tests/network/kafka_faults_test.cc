@@ -53,6 +53,64 @@ class NetworkKafka : public RelayTest {
     reader_ = std::make_unique<KafkaReader>(cluster_->brokers());
   }
 
+  // Two writers of mixed transactions (a tenth rolled back), 5 ms apart.
+  std::unique_ptr<LoadGenerator> StartLoad(Ledger* ledger) {
+    auto load = std::make_unique<LoadGenerator>(
+        Workload(), ledger, 2,
+        [](std::mt19937_64& rng) {
+          TxSpec tx;
+          tx.rows = 1 + static_cast<int>(rng() % 20);
+          tx.rollback = rng() % 10 == 0;
+          return tx;
+        },
+        std::chrono::microseconds(5000));
+    load->Start();
+    return load;
+  }
+
+  // The broker leading most of the test's partitions: its node id, how many
+  // it leads, and the name of its proxy.
+  struct Leader {
+    int32_t node = -1;
+    int partitions = 0;
+    std::string proxy;
+  };
+  Leader BusiestLeader() {
+    Leader l;
+    for (const auto& [node, count] : cluster_->LeaderCounts(topic_prefix_ + ".")) {
+      if (node > 0 && count > l.partitions) {
+        l.node = node;
+        l.partitions = count;
+      }
+    }
+    if (l.node > 0) l.proxy = fmt::format("kafka{}", cluster_->IndexOf(l.node));
+    return l;
+  }
+
+  // After the heal: the load stops, the relay catches up and stops cleanly,
+  // the topics are checked against the ledger, and the figures are printed
+  // and held to the common rules.
+  void Finish(RelayProcess& relay, LoadGenerator& load, const Ledger& ledger,
+              std::chrono::steady_clock::time_point healed, Figures* f) {
+    std::string load_error = load.Stop();
+    ASSERT_EQ(load_error, "") << "writer failed";
+    uint64_t wal_after_load = CurrentWalLsn(*db_);
+    EXPECT_EQ(WaitAllAcked(seconds(90)), 0) << "rows still unacked\n" << DescribeUnacked();
+    EXPECT_EQ(MisackedRows(), 0);
+    EXPECT_GE(WaitConfirmedAtLeast(wal_after_load, seconds(30)), wal_after_load);
+    ASSERT_TRUE(relay.Running()) << "the relay exited by itself:\n" << relay.LogTail();
+    relay.Terminate();
+    EXPECT_EQ(relay.Wait(seconds(40)), std::optional<int>(0)) << relay.LogTail();
+    std::vector<KafkaRecord> records =
+        reader_->Read({}, topic_prefix_ + ".", {.timeout = seconds(60)});
+    f->delivery = CheckDelivery(ledger.committed(), ledger.rolled_back(), records);
+    f->notes +=
+        fmt::format("{}{} transactions; drained {:.1f} s after the heal",
+                    f->notes.empty() ? "" : "; ", load.transactions(), SecondsSince(healed));
+    network::PrintFigures(*f);
+    network::ExpectClean(*f);
+  }
+
   std::unique_ptr<Toxiproxy> proxy_;
   std::unique_ptr<KafkaCluster> cluster_;
   std::unique_ptr<KafkaReader> reader_;
@@ -67,33 +125,16 @@ TEST_F(NetworkKafka, OneBrokerBlackHoledLongerThanTheDeliveryTimeout) {
       {{"KAFKA_BROKERS", cluster_->client_brokers()}});
   ASSERT_TRUE(WaitStreaming(relay, seconds(60))) << relay.LogTail();
   Ledger ledger;
-  LoadGenerator load(
-      Workload(), &ledger, 2,
-      [](std::mt19937_64& rng) {
-        TxSpec tx;
-        tx.rows = 1 + static_cast<int>(rng() % 20);
-        tx.rollback = rng() % 10 == 0;
-        return tx;
-      },
-      std::chrono::microseconds(5000));
-  load.Start();
+  auto load = StartLoad(&ledger);
   std::this_thread::sleep_for(seconds(4));
 
-  // The broker leading most of the test's partitions.
-  int32_t victim = -1;
-  int most = 0;
-  for (const auto& [node, count] : cluster_->LeaderCounts(topic_prefix_ + ".")) {
-    if (node > 0 && count > most) {
-      victim = node;
-      most = count;
-    }
-  }
-  ASSERT_GT(victim, 0) << "no partition of the test's topics has a leader";
-  std::string proxy = fmt::format("kafka{}", cluster_->IndexOf(victim));
+  const Leader busiest = BusiestLeader();
+  ASSERT_GT(busiest.node, 0) << "no partition of the test's topics has a leader";
+  const std::string& proxy = busiest.proxy;
 
   Figures f;
-  f.scenario =
-      fmt::format("kafka broker {} of 3 black-holed 20 s (leads {} partitions)", victim, most);
+  f.scenario = fmt::format("kafka broker {} of 3 black-holed 20 s (leads {} partitions)",
+                           busiest.node, busiest.partitions);
   // The watchdog looks every second: a transaction is given up at most that
   // late after the deadline; its newest record was handed over before the
   // fault or during it.
@@ -112,25 +153,8 @@ TEST_F(NetworkKafka, OneBrokerBlackHoledLongerThanTheDeliveryTimeout) {
   EXPECT_TRUE(f.recover_s.has_value()) << relay.LogTail();
   std::this_thread::sleep_for(seconds(2));
 
-  std::string load_error = load.Stop();
-  ASSERT_EQ(load_error, "") << "writer failed";
-  uint64_t wal_after_load = CurrentWalLsn(*db_);
-  EXPECT_EQ(WaitAllAcked(seconds(90)), 0) << "rows still unacked\n" << DescribeUnacked();
-  EXPECT_EQ(MisackedRows(), 0);
-  EXPECT_GE(WaitConfirmedAtLeast(wal_after_load, seconds(30)), wal_after_load);
-  ASSERT_TRUE(relay.Running()) << "the relay exited by itself:\n" << relay.LogTail();
-  relay.Terminate();
-  EXPECT_EQ(relay.Wait(seconds(40)), std::optional<int>(0)) << relay.LogTail();
-
-  std::vector<KafkaRecord> records =
-      reader_->Read({}, topic_prefix_ + ".", {.timeout = seconds(60)});
-  f.delivery = CheckDelivery(ledger.committed(), ledger.rolled_back(), records);
-  f.notes = fmt::format(
-      "{} pipeline restarts during the hole; {} transactions; drained {:.1f} s "
-      "after the heal",
-      restarts, load.transactions(), SecondsSince(healed));
-  network::PrintFigures(f);
-  network::ExpectClean(f);
+  f.notes = fmt::format("{} pipeline restarts during the hole", restarts);
+  Finish(relay, *load, ledger, healed, &f);
   EXPECT_GE(restarts, 1u) << "the timed-out records were never given up";
 }
 
@@ -147,16 +171,7 @@ TEST_F(NetworkKafka, OneBrokerTwoHundredMsSlowerNothingStalls) {
                  {{"KAFKA_BROKERS", cluster_->client_brokers()}});
   ASSERT_TRUE(WaitStreaming(relay, seconds(60))) << relay.LogTail();
   Ledger ledger;
-  LoadGenerator load(
-      Workload(), &ledger, 2,
-      [](std::mt19937_64& rng) {
-        TxSpec tx;
-        tx.rows = 1 + static_cast<int>(rng() % 20);
-        tx.rollback = rng() % 10 == 0;
-        return tx;
-      },
-      std::chrono::microseconds(5000));
-  load.Start();
+  auto load = StartLoad(&ledger);
   std::this_thread::sleep_for(seconds(4));
   // The confirmation lag, sampled `n` times one after the other: the worst.
   auto worst_lag = [&](int n) {
@@ -172,20 +187,13 @@ TEST_F(NetworkKafka, OneBrokerTwoHundredMsSlowerNothingStalls) {
   ASSERT_TRUE(lag_before.has_value()) << "the relay does not confirm under load\n"
                                       << relay.LogTail();
 
-  int32_t victim = -1;
-  int most = 0;
-  for (const auto& [node, count] : cluster_->LeaderCounts(topic_prefix_ + ".")) {
-    if (node > 0 && count > most) {
-      victim = node;
-      most = count;
-    }
-  }
-  ASSERT_GT(victim, 0) << "no partition of the test's topics has a leader";
-  std::string proxy = fmt::format("kafka{}", cluster_->IndexOf(victim));
+  const Leader busiest = BusiestLeader();
+  ASSERT_GT(busiest.node, 0) << "no partition of the test's topics has a leader";
+  const std::string& proxy = busiest.proxy;
 
   Figures f;
   f.scenario = fmt::format("kafka broker {} of 3 (leads {} partitions) 200 ms slower for 15 s",
-                           victim, most);
+                           busiest.node, busiest.partitions);
   auto fault = SysClock::now();
   auto fault_steady = std::chrono::steady_clock::now();
   proxy_->AddToxic(proxy, {.name = "slow",
@@ -213,26 +221,12 @@ TEST_F(NetworkKafka, OneBrokerTwoHundredMsSlowerNothingStalls) {
   EXPECT_TRUE(f.recover_s.has_value()) << relay.LogTail();
   std::optional<double> lag_after = worst_lag(5);
 
-  std::string load_error = load.Stop();
-  ASSERT_EQ(load_error, "") << "writer failed";
-  uint64_t wal_after_load = CurrentWalLsn(*db_);
-  EXPECT_EQ(WaitAllAcked(seconds(90)), 0) << "rows still unacked\n" << DescribeUnacked();
-  EXPECT_EQ(MisackedRows(), 0);
-  EXPECT_GE(WaitConfirmedAtLeast(wal_after_load, seconds(30)), wal_after_load);
-  ASSERT_TRUE(relay.Running()) << "the relay exited by itself:\n" << relay.LogTail();
-  relay.Terminate();
-  EXPECT_EQ(relay.Wait(seconds(40)), std::optional<int>(0)) << relay.LogTail();
-
-  std::vector<KafkaRecord> records =
-      reader_->Read({}, topic_prefix_ + ".", {.timeout = seconds(60)});
-  f.delivery = CheckDelivery(ledger.committed(), ledger.rolled_back(), records);
   f.notes = fmt::format(
       "confirmation lag worst {} before, {} during ({} samples), {} after; {} deliveries given "
-      "up, {} pipeline restarts; {} transactions; drained {:.1f} s after the heal",
+      "up, {} pipeline restarts",
       network::Seconds(lag_before), network::Seconds(lag_during), samples,
-      network::Seconds(lag_after), given_up, restarts, load.transactions(), SecondsSince(healed));
-  network::PrintFigures(f);
-  network::ExpectClean(f);
+      network::Seconds(lag_after), given_up, restarts);
+  Finish(relay, *load, ledger, healed, &f);
   EXPECT_EQ(given_up, 0u) << "a slow broker is not a dead one: nothing is given up";
   EXPECT_EQ(restarts, 0u) << relay.LogTail();
   EXPECT_EQ(f.delivery.duplicates, 0u) << "nothing was sent twice without a fault\n"
