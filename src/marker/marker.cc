@@ -77,6 +77,7 @@ Status Marker::Connect() {
   auto conn = pg::Connection::Open(options_.database_url, pg::Connection::Mode::kNormal,
                                    "outbox-relay-marker", options_.network);
   if (!conn) return std::unexpected(conn.error());
+  conn->set_abort(&aborted_);
   if (auto set = conn->Exec(kSessionSettings); !set) return std::unexpected(set.error());
   if (auto st = conn->Prepare(kStatementName, MarkSql(options_), 9); !st) return st;
   conn_.emplace(std::move(*conn));
@@ -96,10 +97,22 @@ void Marker::Stop(std::chrono::milliseconds timeout) {
   deadline_ns_.store(deadline.time_since_epoch().count());
   stopping_.store(true);
   tracker_->Wake();
+  // (At least 250 ms: a statement about to be answered on a healthy
+  // connection still gets its answer when the timeout is already spent.)
+  auto abort_at =
+      std::max(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(250));
+  while (!exited_.load() && std::chrono::steady_clock::now() < abort_at) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  aborted_.store(true);  // past the timeout: cut short what still waits
   thread_.join();
 }
 
 void Marker::Loop() {
+  struct Exited {
+    std::atomic<bool>& flag;
+    ~Exited() { flag.store(true); }
+  } exited{exited_};
   std::vector<tracking::Transaction*> batch;
   std::vector<tracking::Transaction*> marked;
   std::vector<tracking::Transaction*> not_visible;  // retried in the next round

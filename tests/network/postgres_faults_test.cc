@@ -62,14 +62,19 @@ class NetworkPg : public RelayTest {
   }
   std::string SqlUrl() const { return network::WithHosts(env_.database_url, sql_addr_); }
 
-  RelayProcess& StartProxiedRelay() {
-    return StartRelay(
-        {"--replication-database-url", ReplicationUrl(), "--status-interval-ms", "500",
-         "--pg-receive-timeout-ms", std::to_string(kReceiveTimeoutMs), "--pg-statement-timeout-ms",
-         std::to_string(kStatementTimeoutMs), "--pg-connect-timeout-s", "2",
-         "--pg-tcp-user-timeout-ms", "4000", "--pg-keepalives-idle-s", "2",
-         "--pg-keepalives-interval-s", "1", "--pg-keepalives-count", "2"},
-        {{"DATABASE_URL", SqlUrl()}});
+  RelayProcess& StartProxiedRelay(const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args = {
+        "--replication-database-url", ReplicationUrl(),
+        "--status-interval-ms",       "500",
+        "--pg-receive-timeout-ms",    std::to_string(kReceiveTimeoutMs),
+        "--pg-statement-timeout-ms",  std::to_string(kStatementTimeoutMs),
+        "--pg-connect-timeout-s",     "2",
+        "--pg-tcp-user-timeout-ms",   "4000",
+        "--pg-keepalives-idle-s",     "2",
+        "--pg-keepalives-interval-s", "1",
+        "--pg-keepalives-count",      "2"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return StartRelay(args, {{"DATABASE_URL", SqlUrl()}});
   }
 
   std::unique_ptr<LoadGenerator> StartLoad(Ledger* ledger) {
@@ -356,6 +361,43 @@ TEST_F(NetworkPg, AddressBlackHoledForGoodTheRelayMovesToTheNextHost) {
   // Still through the second address: the first never came back.
   std::this_thread::sleep_for(seconds(2));
   Finish(relay, *load, ledger, &f);
+}
+
+// (f) SIGTERM while the SQL connections (the marker's) are silent: the
+// marker's statement would wait for its deadline (statement timeout + 5 s =
+// 8 s here); the shutdown timeout (3 s) bounds the stop instead. Nothing
+// unmarked is confirmed, and a relay started after the heal publishes the
+// rest.
+TEST_F(NetworkPg, SigtermWhileTheMarkerIsSilentStopsWithinTheShutdownTimeout) {
+  CreateTables();
+  constexpr int kShutdownTimeoutMs = 3000;
+  RelayProcess& relay =
+      StartProxiedRelay({"--shutdown-timeout-ms", std::to_string(kShutdownTimeoutMs)});
+  ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
+  Ledger ledger;
+  auto load = StartLoad(&ledger);
+  std::this_thread::sleep_for(seconds(2));
+
+  Figures f;
+  f.scenario = "SIGTERM 1 s into a black hole of the SQL connections (shutdown timeout 3 s)";
+  proxy_->BlackHole("pg_sql");
+  std::this_thread::sleep_for(seconds(1));  // the marker's next statement goes into the hole
+  auto term = std::chrono::steady_clock::now();
+  relay.Terminate();
+  std::optional<int> code = relay.Wait(seconds(30));
+  double stop_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - term).count();
+  ASSERT_TRUE(code.has_value()) << relay.LogTail();
+  f.bound_s = kShutdownTimeoutMs / 1000.0 + 1.5;
+  f.detect_s = stop_s;  // here: SIGTERM -> exit
+  f.notes = fmt::format("exit code {} after {:.1f} s", *code, stop_s);
+  EXPECT_LE(stop_s, *f.bound_s) << "the stop waited for the marker's statement deadline\n"
+                                << relay.LogTail();
+  proxy_->Heal("pg_sql");
+  RelayProcess& after = StartProxiedRelay();
+  ASSERT_TRUE(WaitStreaming(after)) << after.LogTail();
+  f.recover_s = RecoveryAfter(seconds(60));
+  f.recover_what = "restart after the heal -> slot confirms the WAL of that moment";
+  Finish(after, *load, ledger, &f);
 }
 
 }  // namespace

@@ -112,6 +112,12 @@ class Marker {
   std::thread thread_;
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> deadline_ns_{0};
+  // Set by Stop() once its timeout has passed with the thread still running:
+  // a statement waiting for an answer on a silent connection is given up
+  // (pg::Connection::set_abort) instead of holding the shutdown for its
+  // whole deadline.
+  std::atomic<bool> aborted_{false};
+  std::atomic<bool> exited_{false};  // Loop has returned
   // Reused parameter buffers.
   std::string run_xids_, run_firsts_, run_lasts_, commit_lsns_, end_lsns_, times_, counts_,
       tx_xids_;
