@@ -154,7 +154,8 @@ void AddRunFlags(CLI::App& app, RelayConfig& c) {
       ->envname("OUTBOX_STATUS_INTERVAL_MS")
       ->capture_default_str();
   app.add_option("--shutdown-timeout-ms", c.shutdown_timeout_ms,
-                 "On SIGTERM: time to flush Kafka and the marker before giving up")
+                 "On SIGTERM: time to flush Kafka and the marker before giving up; the process "
+                 "exits at most 1.5 s after it, whatever it still waits on")
       ->envname("OUTBOX_SHUTDOWN_TIMEOUT_MS")
       ->capture_default_str();
   AddEnumOption(app, "--on-poison", "OUTBOX_ON_POISON", &c.on_poison,

@@ -392,6 +392,11 @@ void Relay::TerminateStaleWalsender(pg::Connection& admin, const pg::SlotInfo& s
 
 int Relay::Run(const std::atomic<bool>& stop) {
   stop_.emplace(stop);
+  // Past the shutdown timeout, the stop has this long for what is left
+  // (closing the clients, the process exit) before the process exits anyway.
+  constexpr milliseconds kStopGrace(1500);
+  stop_deadline_ =
+      std::make_unique<StopDeadline>(stop, milliseconds(config_.shutdown_timeout_ms) + kStopGrace);
   stats_.Beat();
   if (auto st = StartHttp(); !st) {
     spdlog::error("{}", st.error().message);
@@ -881,17 +886,28 @@ int Relay::Shutdown(pipeline::StreamSession* session, bool failed) {
       }
     }
   }
+  StopDeadline& deadline_exit = *stop_deadline_;
   if (watermill_) watermill_->StopDiscovery();
+  deadline_exit.Step("stopping the marker");
   if (marker_) marker_->Stop(remaining());
   if (session != nullptr) {
+    deadline_exit.Step("sending the final status update");
     // The final word: everything confirmed, so the next start sends nothing twice.
     if (auto st = session->SendStatus(true); !st) {
       spdlog::warn("final status update: {}", st.error().message);
     }
     (void)session->source().Finish(std::min(remaining(), milliseconds(2000)) + milliseconds(100));
   }
+  deadline_exit.Step("closing the Kafka producer");
+  if constexpr (failpoint::kCompiledIn) {
+    if (auto secs = failpoint::Active("stall-stop")) {
+      std::this_thread::sleep_for(std::chrono::seconds(std::stoi(std::string(*secs))));
+    }
+  }
   publisher_->CloseSink();  // joins the delivery threads
+  deadline_exit.Step("stopping the metrics sampler");
   if (sampler_) sampler_->Stop();
+  deadline_exit.Step("closing the clients");
   auto failure = tracker_->failure();
   if (failed || failure) {
     if (failure) spdlog::error("stopped after a delivery failure: {}", *failure);
@@ -909,6 +925,7 @@ int Relay::Shutdown(pipeline::StreamSession* session, bool failed) {
   }
   spdlog::info("stopped cleanly: confirmed {}, {} rows delivered", tracker_->confirmed(),
                stats_.delivered.load());
+  deadline_exit.Decided(kExitOk);
   return kExitOk;
 }
 

@@ -1,8 +1,10 @@
 #include "outbox_relay/app/signals.h"
 
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdlib>
 
 namespace outbox_relay::app {
 
@@ -29,6 +31,34 @@ const std::atomic<bool>& InstallStopSignals() {
   sigaction(SIGINT, &sa, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
   return g_stop;
+}
+
+StopDeadline::StopDeadline(const std::atomic<bool>& stop, std::chrono::milliseconds bound)
+    : stop_(stop), bound_(bound), thread_([this] { Watch(); }) {}
+
+StopDeadline::~StopDeadline() {
+  {
+    std::lock_guard lock(mu_);
+    disarmed_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void StopDeadline::Watch() {
+  std::unique_lock lock(mu_);
+  // The stop flag is set by a signal handler, which cannot notify: look
+  // every 100 ms.
+  while (!disarmed_ && !stop_.load()) cv_.wait_for(lock, std::chrono::milliseconds(100));
+  if (disarmed_) return;
+  const auto since = std::chrono::steady_clock::now();
+  if (cv_.wait_until(lock, since + bound_, [this] { return disarmed_; })) return;
+  spdlog::error(
+      "stopping: still {} {} ms after the stop request: exiting now without it (nothing Kafka "
+      "did not acknowledge was confirmed; the next start resumes from the slot)",
+      step_.load(), bound_.count());
+  spdlog::default_logger()->flush();
+  std::_Exit(code_.load());
 }
 
 }  // namespace outbox_relay::app

@@ -168,6 +168,32 @@ TEST_F(Shutdown, AsAStandby) {
   ExpectBounded("streaming, idle (Kafka up)", active, 0);
 }
 
+// A step of the stop that hangs (here: a failpoint before the Kafka producer
+// is closed; in the field, a client waiting on a silent peer) is cut short:
+// the process exits with 1 at most 1.5 s after the shutdown timeout, naming
+// the step, and a restart publishes everything.
+TEST_F(Shutdown, AStepThatHangsIsCutShortAfterTheTimeout) {
+  CreateTables();
+  RelayProcess& relay = StartRelay(Args(), {{"OUTBOX_TEST_FAULT", "stall-stop:60"}});
+  ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
+  Ledger ledger;
+  Writer writer(Workload(), &ledger, -1, 303);
+  ASSERT_TRUE(writer.Transaction({.rows = 20}));
+  ASSERT_EQ(WaitAllAcked(seconds(60)), 0) << DescribeUnacked();
+  ExpectBounded("a stop step that hangs for 60 s", relay, 1);
+  EXPECT_NE(relay.Log().find("still closing the Kafka producer"), std::string::npos)
+      << relay.LogTail();
+  ASSERT_TRUE(writer.Transaction({.rows = 20}));
+  RelayProcess& again = StartRelay(Args());
+  EXPECT_EQ(WaitAllAcked(seconds(60)), 0) << DescribeUnacked() << again.LogTail();
+  DeliveryReport report = CheckDelivery(ledger.committed(), ledger.rolled_back(), ReadTopics());
+  fmt::print("{}\n", report.Summary());
+  EXPECT_EQ(report.lost, 0u) << report.Samples();
+  EXPECT_EQ(report.phantom, 0u) << report.Samples();
+  EXPECT_EQ(report.order_violations, 0u) << report.Samples();
+  ExpectBounded("after the restart", again, 0);
+}
+
 TEST_F(Shutdown, RefusedRecordWhileTheProducerQueueIsFullIsDeadLetteredThenStopsCleanly) {
   CreateTables();
   const std::string topic = topic_prefix_ + ".small.small";

@@ -29,6 +29,7 @@
 
 #include "outbox_relay/app/config.h"
 #include "outbox_relay/app/sampler.h"
+#include "outbox_relay/app/signals.h"
 #include "outbox_relay/core/result.h"
 #include "outbox_relay/marker/marker.h"
 #include "outbox_relay/marker/watermill_progress.h"
@@ -108,6 +109,9 @@ class Relay {
   metrics::Health Healthz() const;
   metrics::Health Readyz() const;
 
+  // First: destroyed last, so that it also bounds the teardown of the rest
+  // (set by Run).
+  std::unique_ptr<StopDeadline> stop_deadline_;
   RelayConfig config_;
   pipeline::RelayStats stats_;                           // atomics: any thread
   metrics::Metrics metrics_;                             // thread-safe

@@ -10,6 +10,8 @@
 //                      (tests/integration/resilience_kafka_test)
 //   eos-no-skip        exactly-once produces again what Kafka already has
 //                      (tests/integration/exactly_once_test)
+//   stall-stop:S       a stop hangs S seconds before closing the Kafka
+//                      producer (tests/integration/shutdown_test)
 //
 // Compiled in only where the build says so: CMake's OUTBOX_FAILPOINTS (ON for
 // development and test builds, OFF for the shipped image, docker/Dockerfile).
