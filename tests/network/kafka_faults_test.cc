@@ -11,6 +11,13 @@
 //
 // One broker 200 ms slower: confirmation slows, never stops; nothing is
 // given up or sent twice.
+//
+// The cluster's own faults, with the relay's defaults (no delivery deadline):
+// the leader of the busiest partitions killed (-9) three times; a rolling
+// restart of all three brokers; two of three down for a minute (below
+// min.insync.replicas, and below the controllers' quorum): the relay holds
+// back, confirms and marks nothing that Kafka did not acknowledge, and drains
+// when they return.
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -109,6 +116,32 @@ class NetworkKafka : public RelayTest {
                     f->notes.empty() ? "" : "; ", load.transactions(), SecondsSince(healed));
     network::PrintFigures(*f);
     network::ExpectClean(*f);
+  }
+
+  RelayProcess& StartClusterRelay(std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {"--kafka-brokers", cluster_->client_brokers(),
+                                     "--topic-replication-factor", "3"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return StartRelay(args, {{"KAFKA_BROKERS", cluster_->client_brokers()}});
+  }
+
+  // Seconds until the slot confirms the WAL written now (nullopt: not within `timeout`).
+  std::optional<double> ConfirmationLag(std::chrono::seconds timeout = seconds(90)) {
+    return network::SecondsUntilConfirmed(*db_, name_, CurrentWalLsn(*db_), timeout);
+  }
+
+  // Rows of the outbox table the relay marked as delivered.
+  int64_t MarkedRows() {
+    return db_->Int(
+        fmt::format("SELECT count(*) FROM {} WHERE offset_acked IS NOT NULL", QuoteIdent(name_)));
+  }
+
+  // Restarts node `index` and waits until every partition of the test's
+  // topics has all its replicas in sync again.
+  void Restart(size_t index) {
+    cluster_->node(index).Start();
+    EXPECT_TRUE(cluster_->WaitFullyReplicated(topic_prefix_ + ".", seconds(90)))
+        << "replicas not back in sync 90 s after node " << index + 1 << " restarted";
   }
 
   std::unique_ptr<Toxiproxy> proxy_;
@@ -231,6 +264,142 @@ TEST_F(NetworkKafka, OneBrokerTwoHundredMsSlowerNothingStalls) {
   EXPECT_EQ(restarts, 0u) << relay.LogTail();
   EXPECT_EQ(f.delivery.duplicates, 0u) << "nothing was sent twice without a fault\n"
                                        << f.delivery.Samples();
+}
+
+// The leader of the most partitions killed with SIGKILL under load, three
+// times over; after each kill the cluster elects new leaders (the session of
+// the dead broker expires in 3 s) and the killed broker is started again and
+// caught up before the next kill. The relay keeps going on its own: no
+// restart, nothing given up, confirmation moving again within seconds.
+TEST_F(NetworkKafka, BusiestLeaderKilledThreeTimes) {
+  CreateTables();
+  RelayProcess& relay = StartClusterRelay();
+  ASSERT_TRUE(WaitStreaming(relay, seconds(60))) << relay.LogTail();
+  Ledger ledger;
+  auto load = StartLoad(&ledger);
+  std::this_thread::sleep_for(seconds(4));
+
+  Figures f;
+  f.scenario = "kafka: kill -9 of the busiest partition leader, 3 times";
+  auto first_fault = SysClock::now();
+  std::string killed;
+  double worst = 0;
+  for (int round = 0; round < 3; ++round) {
+    const Leader busiest = BusiestLeader();
+    ASSERT_GT(busiest.node, 0) << "no partition of the test's topics has a leader";
+    killed += fmt::format("{}{} ({} partitions)", round == 0 ? "" : ", ", busiest.node,
+                          busiest.partitions);
+    cluster_->node(cluster_->IndexOf(busiest.node)).Stop(/*kill=*/true);
+    // The time the slot takes to confirm the WAL written at the kill.
+    std::optional<double> lag = ConfirmationLag();
+    ASSERT_TRUE(lag.has_value()) << "nothing confirmed 90 s after killing broker " << busiest.node
+                                 << "\n"
+                                 << relay.LogTail();
+    worst = std::max(worst, *lag);
+    Restart(cluster_->IndexOf(busiest.node));
+    std::this_thread::sleep_for(seconds(2));
+  }
+  auto healed = std::chrono::steady_clock::now();
+  f.recover_s = worst;
+  f.recover_what = "kill -> slot confirms the WAL of the kill, worst of 3";
+  size_t given_up = network::CountLogAfter(relay.Log(), "giving them up", first_fault);
+  size_t restarts = network::CountLogAfter(relay.Log(), "restarting the pipeline", first_fault);
+  f.notes = fmt::format("killed brokers {}; {} deliveries given up, {} pipeline restarts", killed,
+                        given_up, restarts);
+  Finish(relay, *load, ledger, healed, &f);
+  EXPECT_EQ(restarts, 0u) << "librdkafka moves to the new leaders by itself";
+}
+
+// All three brokers restarted one after the other (SIGTERM: controlled
+// shutdown, leadership moved away first), each caught up before the next:
+// the relay never stops, nothing is given up, nothing is sent twice.
+TEST_F(NetworkKafka, RollingRestartOfAllThreeBrokers) {
+  CreateTables();
+  RelayProcess& relay = StartClusterRelay();
+  ASSERT_TRUE(WaitStreaming(relay, seconds(60))) << relay.LogTail();
+  Ledger ledger;
+  auto load = StartLoad(&ledger);
+  std::this_thread::sleep_for(seconds(4));
+
+  Figures f;
+  f.scenario = "kafka: rolling restart of all 3 brokers";
+  auto first_fault = SysClock::now();
+  auto start = std::chrono::steady_clock::now();
+  double worst = 0;
+  for (size_t i = 0; i < cluster_->size(); ++i) {
+    cluster_->node(i).Stop();
+    // While it is down: the slot confirms the WAL written now.
+    std::optional<double> lag = ConfirmationLag();
+    ASSERT_TRUE(lag.has_value()) << "nothing confirmed 90 s after stopping node " << i + 1 << "\n"
+                                 << relay.LogTail();
+    worst = std::max(worst, *lag);
+    Restart(i);
+  }
+  auto healed = std::chrono::steady_clock::now();
+  f.recover_s = worst;
+  f.recover_what = "a broker stopped -> slot confirms the WAL of that moment, worst of 3";
+  size_t given_up = network::CountLogAfter(relay.Log(), "giving them up", first_fault);
+  size_t restarts = network::CountLogAfter(relay.Log(), "restarting the pipeline", first_fault);
+  f.notes = fmt::format("the roll took {:.1f} s; {} deliveries given up, {} pipeline restarts",
+                        SecondsSince(start), given_up, restarts);
+  Finish(relay, *load, ledger, healed, &f);
+  EXPECT_EQ(given_up, 0u);
+  EXPECT_EQ(restarts, 0u) << relay.LogTail();
+  EXPECT_EQ(f.delivery.duplicates, 0u) << "a controlled restart sends nothing twice\n"
+                                       << f.delivery.Samples();
+}
+
+// Two brokers of three killed for a minute: every partition is below
+// min.insync.replicas=2 (and the controllers below their quorum), so Kafka
+// acknowledges nothing. The relay holds back: from 10 s into the outage to
+// its end, the slot's confirmed position and the marked rows do not move.
+// When the brokers return, it drains on its own.
+TEST_F(NetworkKafka, TwoBrokersDownForAMinuteHoldsBackThenDrains) {
+  CreateTables();
+  RelayProcess& relay = StartClusterRelay();
+  ASSERT_TRUE(WaitStreaming(relay, seconds(60))) << relay.LogTail();
+  Ledger ledger;
+  auto load = StartLoad(&ledger);
+  std::this_thread::sleep_for(seconds(4));
+
+  Figures f;
+  f.scenario = "kafka: 2 of 3 brokers killed for 60 s (below min.insync.replicas)";
+  auto fault = SysClock::now();
+  auto fault_steady = std::chrono::steady_clock::now();
+  cluster_->node(0).Stop(/*kill=*/true);
+  cluster_->node(1).Stop(/*kill=*/true);
+  // What was acknowledged before the kill is confirmed and marked within 10 s.
+  std::this_thread::sleep_for(seconds(10));
+  auto slot_at = [&] {
+    auto s = QuerySlot(*db_, name_);
+    return s && s->confirmed_flush_lsn ? *s->confirmed_flush_lsn : 0;
+  };
+  uint64_t confirmed_early = slot_at();
+  int64_t marked_early = MarkedRows();
+  std::this_thread::sleep_until(fault_steady + seconds(60));
+  uint64_t confirmed_late = slot_at();
+  int64_t marked_late = MarkedRows();
+  EXPECT_EQ(confirmed_late, confirmed_early)
+      << "the slot was confirmed further while Kafka could acknowledge nothing";
+  EXPECT_EQ(marked_late, marked_early)
+      << "rows were marked delivered while Kafka could acknowledge nothing";
+  ASSERT_TRUE(relay.Running()) << "the relay gave up during the outage\n" << relay.LogTail();
+  cluster_->node(0).Launch();
+  cluster_->node(1).Launch();
+  cluster_->node(0).WaitAnswering();
+  cluster_->node(1).WaitAnswering();
+  auto healed = std::chrono::steady_clock::now();
+  uint64_t target = CurrentWalLsn(*db_);
+  f.recover_s = network::SecondsUntilConfirmed(*db_, name_, target, seconds(120));
+  f.recover_what = "brokers answering again -> slot confirms the WAL of that moment";
+  EXPECT_TRUE(f.recover_s.has_value()) << relay.LogTail();
+  EXPECT_TRUE(cluster_->WaitFullyReplicated(topic_prefix_ + ".", seconds(90)));
+  size_t given_up = network::CountLogAfter(relay.Log(), "giving them up", fault);
+  f.notes = fmt::format(
+      "confirmed and marked still from 10 s into the outage to its end ({} rows marked); {} "
+      "deliveries given up",
+      marked_late, given_up);
+  Finish(relay, *load, ledger, healed, &f);
 }
 
 }  // namespace
