@@ -60,21 +60,6 @@ class NetworkKafka : public RelayTest {
     reader_ = std::make_unique<KafkaReader>(cluster_->brokers());
   }
 
-  // Two writers of mixed transactions (a tenth rolled back), 5 ms apart.
-  std::unique_ptr<LoadGenerator> StartLoad(Ledger* ledger) {
-    auto load = std::make_unique<LoadGenerator>(
-        Workload(), ledger, 2,
-        [](std::mt19937_64& rng) {
-          TxSpec tx;
-          tx.rows = 1 + static_cast<int>(rng() % 20);
-          tx.rollback = rng() % 10 == 0;
-          return tx;
-        },
-        std::chrono::microseconds(5000));
-    load->Start();
-    return load;
-  }
-
   // The broker leading most of the test's partitions: its node id, how many
   // it leads, and the name of its proxy.
   struct Leader {
@@ -118,6 +103,19 @@ class NetworkKafka : public RelayTest {
     network::ExpectClean(*f);
   }
 
+  // What the relay did about a fault since `since`: deliveries it gave up
+  // (--kafka-delivery-timeout-ms) and pipeline restarts.
+  struct Reactions {
+    size_t given_up = 0;
+    size_t restarts = 0;
+  };
+  static Reactions ReactionsSince(RelayProcess& relay, SysClock::time_point since) {
+    std::string log = relay.Log();
+    return {network::CountLogAfter(log, "giving them up", since),
+            network::CountLogAfter(log, "restarting the pipeline", since)};
+  }
+
+  // The relay on the cluster's proxied listeners, topics replicated 3 times.
   RelayProcess& StartClusterRelay(std::vector<std::string> extra = {}) {
     std::vector<std::string> args = {"--kafka-brokers", cluster_->client_brokers(),
                                      "--topic-replication-factor", "3"};
@@ -151,15 +149,12 @@ class NetworkKafka : public RelayTest {
 
 TEST_F(NetworkKafka, OneBrokerBlackHoledLongerThanTheDeliveryTimeout) {
   CreateTables();
-  RelayProcess& relay = StartRelay(
-      {"--kafka-brokers", cluster_->client_brokers(), "--topic-replication-factor", "3",
-       "--kafka-socket-timeout-ms", std::to_string(kSocketTimeoutMs), "--kafka-connect-timeout-ms",
-       "2000", "--kafka-delivery-timeout-ms", std::to_string(kDeliveryTimeoutMs)},
-      {{"KAFKA_BROKERS", cluster_->client_brokers()}});
-  ASSERT_TRUE(WaitStreaming(relay, seconds(60))) << relay.LogTail();
+  RelayProcess& relay = StartClusterRelay(
+      {"--kafka-socket-timeout-ms", std::to_string(kSocketTimeoutMs), "--kafka-connect-timeout-ms",
+       "2000", "--kafka-delivery-timeout-ms", std::to_string(kDeliveryTimeoutMs)});
   Ledger ledger;
-  auto load = StartLoad(&ledger);
-  std::this_thread::sleep_for(seconds(4));
+  auto load = network::LoadOnceStreaming(relay, Workload(), &ledger, seconds(4));
+  ASSERT_TRUE(load);
 
   const Leader busiest = BusiestLeader();
   ASSERT_GT(busiest.node, 0) << "no partition of the test's topics has a leader";
@@ -177,7 +172,7 @@ TEST_F(NetworkKafka, OneBrokerBlackHoledLongerThanTheDeliveryTimeout) {
   std::this_thread::sleep_for(seconds(20));
   f.detect_s = network::FirstLogAfter(relay.Log(), "giving them up", fault);
   EXPECT_TRUE(f.detect_s.has_value()) << "no delivery given up in 20 s\n" << relay.LogTail();
-  size_t restarts = network::CountLogAfter(relay.Log(), "restarting the pipeline", fault);
+  const size_t restarts = ReactionsSince(relay, fault).restarts;
   proxy_->Heal(proxy);
   auto healed = std::chrono::steady_clock::now();
   uint64_t target = CurrentWalLsn(*db_);
@@ -199,13 +194,10 @@ TEST_F(NetworkKafka, OneBrokerBlackHoledLongerThanTheDeliveryTimeout) {
 // during the latency.
 TEST_F(NetworkKafka, OneBrokerTwoHundredMsSlowerNothingStalls) {
   CreateTables();
-  RelayProcess& relay =
-      StartRelay({"--kafka-brokers", cluster_->client_brokers(), "--topic-replication-factor", "3"},
-                 {{"KAFKA_BROKERS", cluster_->client_brokers()}});
-  ASSERT_TRUE(WaitStreaming(relay, seconds(60))) << relay.LogTail();
+  RelayProcess& relay = StartClusterRelay();
   Ledger ledger;
-  auto load = StartLoad(&ledger);
-  std::this_thread::sleep_for(seconds(4));
+  auto load = network::LoadOnceStreaming(relay, Workload(), &ledger, seconds(4));
+  ASSERT_TRUE(load);
   // The confirmation lag, sampled `n` times one after the other: the worst.
   auto worst_lag = [&](int n) {
     double worst = 0;
@@ -244,8 +236,7 @@ TEST_F(NetworkKafka, OneBrokerTwoHundredMsSlowerNothingStalls) {
   EXPECT_TRUE(lag_during.has_value())
       << "the slot did not confirm within 30 s while one broker was slow\n"
       << relay.LogTail();
-  size_t given_up = network::CountLogAfter(relay.Log(), "giving them up", fault);
-  size_t restarts = network::CountLogAfter(relay.Log(), "restarting the pipeline", fault);
+  const auto [given_up, restarts] = ReactionsSince(relay, fault);
   proxy_->RemoveToxic(proxy, "slow");
   auto healed = std::chrono::steady_clock::now();
   uint64_t target = CurrentWalLsn(*db_);
@@ -274,10 +265,9 @@ TEST_F(NetworkKafka, OneBrokerTwoHundredMsSlowerNothingStalls) {
 TEST_F(NetworkKafka, BusiestLeaderKilledThreeTimes) {
   CreateTables();
   RelayProcess& relay = StartClusterRelay();
-  ASSERT_TRUE(WaitStreaming(relay, seconds(60))) << relay.LogTail();
   Ledger ledger;
-  auto load = StartLoad(&ledger);
-  std::this_thread::sleep_for(seconds(4));
+  auto load = network::LoadOnceStreaming(relay, Workload(), &ledger, seconds(4));
+  ASSERT_TRUE(load);
 
   Figures f;
   f.scenario = "kafka: kill -9 of the busiest partition leader, 3 times";
@@ -302,8 +292,7 @@ TEST_F(NetworkKafka, BusiestLeaderKilledThreeTimes) {
   auto healed = std::chrono::steady_clock::now();
   f.recover_s = worst;
   f.recover_what = "kill -> slot confirms the WAL of the kill, worst of 3";
-  size_t given_up = network::CountLogAfter(relay.Log(), "giving them up", first_fault);
-  size_t restarts = network::CountLogAfter(relay.Log(), "restarting the pipeline", first_fault);
+  const auto [given_up, restarts] = ReactionsSince(relay, first_fault);
   f.notes = fmt::format("killed brokers {}; {} deliveries given up, {} pipeline restarts", killed,
                         given_up, restarts);
   Finish(relay, *load, ledger, healed, &f);
@@ -316,10 +305,9 @@ TEST_F(NetworkKafka, BusiestLeaderKilledThreeTimes) {
 TEST_F(NetworkKafka, RollingRestartOfAllThreeBrokers) {
   CreateTables();
   RelayProcess& relay = StartClusterRelay();
-  ASSERT_TRUE(WaitStreaming(relay, seconds(60))) << relay.LogTail();
   Ledger ledger;
-  auto load = StartLoad(&ledger);
-  std::this_thread::sleep_for(seconds(4));
+  auto load = network::LoadOnceStreaming(relay, Workload(), &ledger, seconds(4));
+  ASSERT_TRUE(load);
 
   Figures f;
   f.scenario = "kafka: rolling restart of all 3 brokers";
@@ -338,8 +326,7 @@ TEST_F(NetworkKafka, RollingRestartOfAllThreeBrokers) {
   auto healed = std::chrono::steady_clock::now();
   f.recover_s = worst;
   f.recover_what = "a broker stopped -> slot confirms the WAL of that moment, worst of 3";
-  size_t given_up = network::CountLogAfter(relay.Log(), "giving them up", first_fault);
-  size_t restarts = network::CountLogAfter(relay.Log(), "restarting the pipeline", first_fault);
+  const auto [given_up, restarts] = ReactionsSince(relay, first_fault);
   f.notes = fmt::format("the roll took {:.1f} s; {} deliveries given up, {} pipeline restarts",
                         SecondsSince(start), given_up, restarts);
   Finish(relay, *load, ledger, healed, &f);
@@ -357,10 +344,9 @@ TEST_F(NetworkKafka, RollingRestartOfAllThreeBrokers) {
 TEST_F(NetworkKafka, TwoBrokersDownForAMinuteHoldsBackThenDrains) {
   CreateTables();
   RelayProcess& relay = StartClusterRelay();
-  ASSERT_TRUE(WaitStreaming(relay, seconds(60))) << relay.LogTail();
   Ledger ledger;
-  auto load = StartLoad(&ledger);
-  std::this_thread::sleep_for(seconds(4));
+  auto load = network::LoadOnceStreaming(relay, Workload(), &ledger, seconds(4));
+  ASSERT_TRUE(load);
 
   Figures f;
   f.scenario = "kafka: 2 of 3 brokers killed for 60 s (below min.insync.replicas)";
@@ -394,7 +380,7 @@ TEST_F(NetworkKafka, TwoBrokersDownForAMinuteHoldsBackThenDrains) {
   f.recover_what = "brokers answering again -> slot confirms the WAL of that moment";
   EXPECT_TRUE(f.recover_s.has_value()) << relay.LogTail();
   EXPECT_TRUE(cluster_->WaitFullyReplicated(topic_prefix_ + ".", seconds(90)));
-  size_t given_up = network::CountLogAfter(relay.Log(), "giving them up", fault);
+  const size_t given_up = ReactionsSince(relay, fault).given_up;
   f.notes = fmt::format(
       "confirmed and marked still from 10 s into the outage to its end ({} rows marked); {} "
       "deliveries given up",

@@ -11,7 +11,9 @@
 #include <chrono>
 #include <ctime>
 #include <fstream>
+#include <memory>
 #include <optional>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -20,6 +22,8 @@
 #include "support/delivery.h"
 #include "support/env.h"
 #include "support/pg.h"
+#include "support/relay_process.h"
+#include "support/workload.h"
 
 namespace outbox_test::network {
 
@@ -96,6 +100,32 @@ inline std::optional<double> SecondsUntilConfirmed(Pg& db, const std::string& sl
     std::this_thread::sleep_for(milliseconds(100));
   }
   return std::nullopt;
+}
+
+// The opening of every scenario: once `relay` streams, the load starts (two
+// writers of mixed transactions, a tenth rolled back, 5 ms apart) and runs
+// for `warmup`. nullptr (and a failure) when the relay does not stream
+// within `timeout`.
+inline std::unique_ptr<LoadGenerator> LoadOnceStreaming(RelayProcess& relay,
+                                                        const WorkloadOptions& workload,
+                                                        Ledger* ledger, seconds warmup,
+                                                        milliseconds timeout = seconds(60)) {
+  if (!relay.WaitForLog("streaming from slot", timeout)) {
+    ADD_FAILURE() << "the relay does not stream\n" << relay.LogTail();
+    return nullptr;
+  }
+  auto load = std::make_unique<LoadGenerator>(
+      workload, ledger, 2,
+      [](std::mt19937_64& rng) {
+        TxSpec tx;
+        tx.rows = 1 + static_cast<int>(rng() % 20);
+        tx.rollback = rng() % 10 == 0;
+        return tx;
+      },
+      std::chrono::microseconds(5000));
+  load->Start();
+  std::this_thread::sleep_for(warmup);
+  return load;
 }
 
 // What a scenario prints: the delivery check and the clock.

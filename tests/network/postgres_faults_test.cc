@@ -77,20 +77,6 @@ class NetworkPg : public RelayTest {
     return StartRelay(args, {{"DATABASE_URL", SqlUrl()}});
   }
 
-  std::unique_ptr<LoadGenerator> StartLoad(Ledger* ledger) {
-    auto load = std::make_unique<LoadGenerator>(
-        Workload(), ledger, 2,
-        [](std::mt19937_64& rng) {
-          TxSpec tx;
-          tx.rows = 1 + static_cast<int>(rng() % 20);
-          tx.rollback = rng() % 10 == 0;
-          return tx;
-        },
-        std::chrono::microseconds(5000));
-    load->Start();
-    return load;
-  }
-
   // After the fault: the load stops, the relay catches up and stops cleanly,
   // and the topics are checked against the ledger.
   void Finish(RelayProcess& relay, LoadGenerator& load, const Ledger& ledger, Figures* f) {
@@ -162,10 +148,9 @@ class NetworkPg : public RelayTest {
 TEST_F(NetworkPg, ReplicationBlackHoledThenRestored) {
   CreateTables();
   RelayProcess& relay = StartProxiedRelay();
-  ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
   Ledger ledger;
-  auto load = StartLoad(&ledger);
-  std::this_thread::sleep_for(seconds(3));
+  auto load = network::LoadOnceStreaming(relay, Workload(), &ledger, seconds(3));
+  ASSERT_TRUE(load);
 
   Figures f;
   f.scenario = "pg replication black-holed 22 s";
@@ -195,10 +180,9 @@ TEST_F(NetworkPg, ReplicationBlackHoledThenRestored) {
 TEST_F(NetworkPg, MarkerBlackHoledThenRestored) {
   CreateTables();
   RelayProcess& relay = StartProxiedRelay();
-  ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
   Ledger ledger;
-  auto load = StartLoad(&ledger);
-  std::this_thread::sleep_for(seconds(3));
+  auto load = network::LoadOnceStreaming(relay, Workload(), &ledger, seconds(3));
+  ASSERT_TRUE(load);
 
   Figures f;
   f.scenario = "pg marker (SQL) black-holed 12 s";
@@ -233,10 +217,9 @@ TEST_F(NetworkPg, MarkerBlackHoledThenRestored) {
 TEST_F(NetworkPg, SlicedThenResetMidStream) {
   CreateTables();
   RelayProcess& relay = StartProxiedRelay();
-  ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
   Ledger ledger;
-  auto load = StartLoad(&ledger);
-  std::this_thread::sleep_for(seconds(2));
+  auto load = network::LoadOnceStreaming(relay, Workload(), &ledger, seconds(2));
+  ASSERT_TRUE(load);
 
   Figures f;
   f.scenario = "pg replication sliced (1 B) 8 s, then reset_peer 5 s";
@@ -269,10 +252,9 @@ TEST_F(NetworkPg, SlicedThenResetMidStream) {
 TEST_F(NetworkPg, ReplicationSlowThenNarrowNeverTakenForDead) {
   CreateTables();
   RelayProcess& relay = StartProxiedRelay();
-  ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
   Ledger ledger;
-  auto load = StartLoad(&ledger);
-  std::this_thread::sleep_for(seconds(2));
+  auto load = network::LoadOnceStreaming(relay, Workload(), &ledger, seconds(2));
+  ASSERT_TRUE(load);
 
   Figures f;
   f.scenario = "pg replication 200 +- 50 ms latency 20 s, then 100 KB/s 20 s";
@@ -329,10 +311,9 @@ TEST_F(NetworkPg, AddressBlackHoledForGoodTheRelayMovesToTheNextHost) {
        "--pg-tcp-user-timeout-ms", "4000", "--pg-keepalives-idle-s", "2",
        "--pg-keepalives-interval-s", "1", "--pg-keepalives-count", "2"},
       {{"DATABASE_URL", sql_url}});
-  ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
   Ledger ledger;
-  auto load = StartLoad(&ledger);
-  std::this_thread::sleep_for(seconds(3));
+  auto load = network::LoadOnceStreaming(relay, Workload(), &ledger, seconds(3));
+  ASSERT_TRUE(load);
 
   Figures f;
   f.scenario = "pg first address black-holed for good (multi-host URL)";
@@ -373,10 +354,9 @@ TEST_F(NetworkPg, SigtermWhileTheMarkerIsSilentStopsWithinTheShutdownTimeout) {
   constexpr int kShutdownTimeoutMs = 3000;
   RelayProcess& relay =
       StartProxiedRelay({"--shutdown-timeout-ms", std::to_string(kShutdownTimeoutMs)});
-  ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
   Ledger ledger;
-  auto load = StartLoad(&ledger);
-  std::this_thread::sleep_for(seconds(2));
+  auto load = network::LoadOnceStreaming(relay, Workload(), &ledger, seconds(2));
+  ASSERT_TRUE(load);
 
   Figures f;
   f.scenario = "SIGTERM 1 s into a black hole of the SQL connections (shutdown timeout 3 s)";
