@@ -154,6 +154,22 @@ def client_ports(pid, server_port):
 # so polling costs one query on an open connection, not a process and a connection each time.
 # --------------------------------------------------------------------------------------------
 
+# --table-variant: how the benchmark's outbox table is shaped (issue 13, target 2; the figures
+# are in docs/migration.md). "seed" is sql/outbox.sql as it is. The others are what a team
+# could do after migrating to the relay: nothing polls the table any more, so the forwarder's
+# partial index on offset_acked (idx_outbox_acked ... WHERE offset_acked IS NULL) can go, and
+# without an index on offset_acked the marking UPDATE may be a HOT update -- if the row's page
+# has room for the new version, which a lower fillfactor leaves free. The fillfactor applies to
+# pages written after it is set: the harness truncates the table before each backlog, so every
+# backlog is written with it.
+TABLE_VARIANTS = {
+    "seed": {"acked_index": True, "fillfactor": None},
+    "no-acked-index": {"acked_index": False, "fillfactor": None},
+    "no-acked-index-ff70": {"acked_index": False, "fillfactor": 70},
+    "no-acked-index-ff50": {"acked_index": False, "fillfactor": 50},
+}
+
+
 class Psql:
     END = "__bench_end__"
 
@@ -582,6 +598,7 @@ class Harness:
             text = f.read().replace("\\ir ../../sql/outbox.sql",
                                     open(os.path.join(REPO, "sql", "outbox.sql")).read())
         self.sql.run_script("SET client_min_messages = warning;\n" + text)
+        self.apply_table_variant()
         for pub in (self.publication, self.debezium_publication):
             self.sql.run_script(
                 "SET client_min_messages = warning;\n"
@@ -598,6 +615,47 @@ class Harness:
             settings[name] = self.sql.value(f"SHOW {name}")
         self.result["postgres"] = settings
         self.postmaster = proc_ppid(int(self.sql.value("SELECT pg_backend_pid()")))
+
+    def apply_table_variant(self):
+        """Shapes the (already created) outbox table as --table-variant says. The seed's DDL is
+        CREATE ... IF NOT EXISTS, so a table left by an earlier run with another variant is
+        brought back to this one: the partial index created or dropped, the fillfactor set or
+        reset (it takes effect on the pages written next; reset_table truncates before each
+        backlog)."""
+        name = self.args.table_variant
+        v = TABLE_VARIANTS[name]
+        stmts = ["SET client_min_messages = warning;"]
+        if v["acked_index"]:
+            stmts.append("CREATE INDEX IF NOT EXISTS idx_outbox_acked ON outbox (offset_acked) "
+                         "WHERE offset_acked IS NULL;")
+        else:
+            stmts.append("DROP INDEX IF EXISTS idx_outbox_acked;")
+        if v["fillfactor"]:
+            stmts.append(f"ALTER TABLE outbox SET (fillfactor = {int(v['fillfactor'])});")
+        else:
+            stmts.append("ALTER TABLE outbox RESET (fillfactor);")
+        self.sql.run_script("\n".join(stmts) + "\n")
+        indexes = [r[0] for r in self.sql.query(
+            "SELECT indexdef FROM pg_indexes WHERE schemaname = 'public' "
+            "AND tablename = 'outbox' ORDER BY indexname")]
+        reloptions = self.sql.value(
+            "SELECT coalesce(array_to_string(reloptions, ','), '') FROM pg_class "
+            "WHERE oid = 'public.outbox'::regclass")
+        self.result["table_variant"] = {"name": name, "ddl": stmts[1:], "indexes": indexes,
+                                        "reloptions": reloptions or ""}
+        log(f"table variant {name}: reloptions [{reloptions or ''}], "
+            f"{len(indexes)} index(es): " + "; ".join(indexes))
+
+    def table_update_stats(self):
+        """(n_tup_upd, n_tup_hot_upd) of the outbox table (cumulative, survives TRUNCATE)."""
+        row = self.sql.query("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+                             "WHERE relid = 'public.outbox'::regclass")
+        return (int(row[0][0]), int(row[0][1])) if row else (0, 0)
+
+    def table_sizes(self):
+        row = self.sql.query(
+            "SELECT pg_relation_size('public.outbox'), pg_indexes_size('public.outbox')")
+        return {"heap_bytes": int(row[0][0]), "indexes_bytes": int(row[0][1])}
 
     def drop_bench_slots(self):
         for (name, active_pid) in self.sql.query(
@@ -1027,6 +1085,7 @@ END $$;
         if eos:
             extra = self.eos_flags(topic_base)
         logname = f"{kind}-{size_name}-{contender}.log".replace(f"{kind}-{kind}", kind)
+        upd0 = self.table_update_stats() if mark else None
         profile_proc = None
         busy0 = machine_busy_cpu()
         t0 = time.time()
@@ -1117,6 +1176,11 @@ END $$;
             kafka_cpu = (proc_cpu(kafka_pid) - kafka_cpu0) if kafka_cpu0 is not None else None
             series.append((wall, delivered))
             txns = None
+            # The marker's statements (each marks a batch of transactions): its PostgreSQL CPU
+            # per statement and rows per statement explain the marker's cost per row.
+            marker_statements = (metric_sum(scrape(port) or {},
+                                            "outbox_relay_marker_statements_total")
+                                 if kind == "relay" and mark else None)
             if eos:
                 m = scrape(port) or {}
                 txns = {"committed": metric_labelled(m, "outbox_relay_kafka_transactions_total",
@@ -1177,6 +1241,22 @@ END $$;
         if mark:
             marked = self.sql.value("SELECT count(*) FROM outbox WHERE offset_acked IS NOT NULL")
             r["rows_marked"] = int(marked)
+            # HOT share of the marking UPDATEs (--table-variant): the marker's backend reports
+            # its counters when its transaction ends or, at the latest, when it exits after the
+            # relay's stop; wait (up to 5 s) until they cover the marked rows.
+            deadline = time.time() + 5
+            while True:
+                upd, hot = self.table_update_stats()
+                if upd - upd0[0] >= int(marked) or time.time() >= deadline:
+                    break
+                time.sleep(0.1)
+            r["table_updates"] = upd - upd0[0]
+            r["table_hot_updates"] = hot - upd0[1]
+            r["hot_share"] = (hot - upd0[1]) / (upd - upd0[0]) if upd > upd0[0] else None
+            r["table_sizes_after"] = self.table_sizes()
+            if marker_statements:
+                r["marker_statements"] = marker_statements
+                r["rows_per_marker_statement"] = int(marked) / marker_statements
         if eos:
             r["delivery"] = "exactly-once"
             r["progress_topic"] = f"{topic_base}.progress"
@@ -1783,6 +1863,10 @@ END $$;
         lines.append(f"outbox-relay benchmark {res['run_id']} ({res['mode']}), "
                      f"{m.get('cpus')} CPUs {m.get('cpu_model', '')}, git {m.get('git_commit')}"
                      + (" (src dirty)" if m.get("git_dirty") else ""))
+        if res.get("table_variant"):
+            tv = res["table_variant"]
+            lines.append(f"table variant {tv['name']}: reloptions [{tv['reloptions']}]; "
+                         + "; ".join(tv["indexes"]))
         lines.append(f"load average at start {m['load_avg_at_start'][0]:.2f}"
                      + (f"; waited for quiet: {m['waited_for_quiet']}" if "waited_for_quiet" in m
                         else ""))
@@ -1847,6 +1931,24 @@ END $$;
                 if s.get("marking_on_over_off"):
                     lines.append(f"{size:8s} marking on / off throughput: "
                                  f"{s['marking_on_over_off']:.2f}")
+                for c, r in s["contenders"].items():
+                    if r.get("table_updates") is not None:
+                        roles = r.get("db_sessions_cpu_seconds_by_role") or {}
+                        mk = roles.get("outbox-relay-marker")
+                        sz = r.get("table_sizes_after") or {}
+                        lines.append(
+                            f"{size:8s} {c}: {r['table_updates']:,} UPDATEs of the table, "
+                            f"{r['table_hot_updates']:,} HOT"
+                            + (f" ({r['hot_share'] * 100:.1f} %)" if r.get("hot_share")
+                               is not None else "")
+                            + (f"; marker backend {mk / r['rows_measured'] * 1e6:.1f} CPU-s "
+                               f"per million rows" if mk is not None else "")
+                            + (f", {r['marker_statements']:,.0f} statements "
+                               f"({r['rows_per_marker_statement']:.1f} rows each)"
+                               if r.get("marker_statements") else "")
+                            + (f"; heap {sz['heap_bytes'] / 2**20:.1f} MiB, indexes "
+                               f"{sz['indexes_bytes'] / 2**20:.1f} MiB after the drain"
+                               if sz else ""))
                 if s.get("eos_over_alo") is not None:
                     lines.append(
                         f"{size:8s} exactly-once / at-least-once (relay-kafka-eos / relay-kafka, "
@@ -2052,6 +2154,10 @@ def parse_args(argv):
     p.add_argument("--row", choices=["seed", "small"], default="seed",
                    help="drain rows: the seed's (~250-byte payload, ~300-byte metadata) or "
                         "small ones (~20 bytes, two metadata keys)")
+    p.add_argument("--table-variant", choices=list(TABLE_VARIANTS), default="seed",
+                   help="the outbox table's shape: seed (sql/outbox.sql), no-acked-index (without "
+                        "the partial index idx_outbox_acked), no-acked-index-ff70 / -ff50 (that "
+                        "and fillfactor 70 / 50, so the marking UPDATE can be HOT)")
     p.add_argument("--rates", default="500/s,25,50,80",
                    help="the relay's live rates: N/s, or a percentage of the sustained rate")
     p.add_argument("--live-seconds", type=int, default=60, help="per rate, the relay")
