@@ -140,6 +140,12 @@ void AddRunFlags(CLI::App& app, RelayConfig& c) {
                  "Rows produced but not yet acknowledged before the relay stops reading")
       ->envname("OUTBOX_MAX_IN_FLIGHT")
       ->capture_default_str();
+  app.add_option("--max-in-flight-bytes", c.max_in_flight_bytes,
+                 "Bytes of those rows' records (key, value, headers) produced but not yet "
+                 "acknowledged before the relay stops reading: bounds memory whatever the row "
+                 "size (a record larger than this is still sent, alone)")
+      ->envname("OUTBOX_MAX_IN_FLIGHT_BYTES")
+      ->capture_default_str();
   app.add_option("--marker-batch", c.marker_batch, "Transactions marked per statement, at most")
       ->envname("OUTBOX_MARKER_BATCH")
       ->capture_default_str();
@@ -491,6 +497,9 @@ Status ValidateNetwork(RelayConfig& c) {
                  c.kafka_socket_timeout_ms, 10, 300000, false},
            Range{"--kafka-connect-timeout-ms", "OUTBOX_KAFKA_CONNECT_TIMEOUT_MS",
                  c.kafka_connect_timeout_ms, 1000, 3600000, false},
+           // At most what librdkafka itself queues.
+           Range{"--max-in-flight-bytes", "OUTBOX_MAX_IN_FLIGHT_BYTES", c.max_in_flight_bytes,
+                 1024, kafka::kMaxQueuedBytes, false},
        }) {
     if (r.value == 0 && r.zero_ok) continue;
     if (r.value < r.min || r.value > r.max) {

@@ -190,6 +190,7 @@ Status Relay::Prepare() {
   po.dlq_topic = config_.dlq_topic;
   po.dlq_max_bytes = DeadLetterMaxBytes(config_);
   po.max_in_flight = config_.max_in_flight;
+  po.max_in_flight_bytes = config_.max_in_flight_bytes;
   po.max_awaiting_mark = static_cast<size_t>(config_.marker_batch) * 4;
   po.stop_grace = StopGrace(config_);
   auto publisher = pipeline::Publisher::Create(po, tracker_.get(), &stats_, &metrics_, &*stop_);
@@ -210,7 +211,6 @@ Status Relay::Prepare() {
     wo.slot = config_.slot;
     wo.mark = config_.mark;
     wo.backfill_batch = config_.backfill_batch;
-    wo.max_in_flight = config_.max_in_flight;
     wo.join_lock_timeout = milliseconds(config_.watermill_join_lock_timeout_ms);
     wo.discover_interval = std::chrono::seconds(config_.watermill_discover_interval_s);
     watermill_ = std::make_unique<pipeline::WatermillTables>(
@@ -254,7 +254,6 @@ Status Relay::Prepare() {
   so.backfill = config_.backfill;
   so.on_slot_lost = config_.on_slot_lost;
   so.backfill_batch = config_.backfill_batch;
-  so.max_in_flight = config_.max_in_flight;
   so.failover_slot = config_.failover_slot;
   if (watermill_) {
     so.backfill_rows = [this](pg::Connection& c, const std::string& snapshot) {
@@ -855,6 +854,7 @@ void Relay::RefreshMetrics() {
   metrics_.streaming().Set(stats_.streaming.load() ? 1 : 0);
   metrics_.last_commit_time().Set(static_cast<double>(stats_.last_commit_unix_micros.load()) / 1e6);
   metrics_.in_flight().Set(static_cast<double>(tracker_->rows_in_flight()));
+  metrics_.in_flight_bytes().Set(static_cast<double>(stats_.in_flight_bytes.load()));
   metrics_.slot_confirmed_lsn().Set(static_cast<double>(tracker_->confirmed().value()));
 }
 

@@ -133,7 +133,7 @@ Result<std::map<std::string, std::string>> ProducerConfig(const ProducerOptions&
       // Bounded memory: the relay keeps its own smaller in-flight bound; these
       // only stop librdkafka from buffering a whole backlog.
       {"queue.buffering.max.messages", "100000"},
-      {"queue.buffering.max.kbytes", "65536"},
+      {"queue.buffering.max.kbytes", std::to_string(kMaxQueuedBytes / 1024)},
       {"socket.keepalive.enable", "true"},
   };
   if (!options.transactional_id.empty()) {
@@ -372,7 +372,9 @@ Result<Sink::Accepted> KafkaProducer::Produce(const outbox::KafkaRecord& record,
   }
   rd_kafka_t* rk = topic->lane->rk.get();
   HeadersHandle headers(rd_kafka_headers_new(record.headers.size()));
+  int64_t bytes = 0;
   for (const auto& [name, value] : record.headers) {
+    bytes += static_cast<int64_t>(name.size() + value.size());
     // A non-null pointer keeps an empty value a 0-length header, not a null one.
     const char* v = value.data() != nullptr ? value.data() : "";
     rd_kafka_header_add(headers.get(), name.data(), static_cast<ssize_t>(name.size()), v,
@@ -391,6 +393,9 @@ Result<Sink::Accepted> KafkaProducer::Produce(const outbox::KafkaRecord& record,
       RD_KAFKA_V_OPAQUE(opaque), RD_KAFKA_V_END);
   if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
     (void)headers.release();  // owned by the message now
+    // Report takes the same sum off: the message's key, value and headers.
+    bytes_in_flight_.fetch_add(bytes + static_cast<int64_t>(key_len + value_len),
+                               std::memory_order_relaxed);
     return Accepted::kQueued;
   }
   if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL) return Accepted::kQueueFull;
@@ -471,33 +476,30 @@ void KafkaProducer::Report(Lane& lane, const rd_kafka_message_t* msg) {
   d.headers.clear();
   d.size_bytes = msg->len + msg->key_len;
   d.event_type = {};
+  const bool failed = msg->err != RD_KAFKA_RESP_ERR_NO_ERROR;
   rd_kafka_headers_t* all = nullptr;
   if (rd_kafka_message_headers(msg, &all) == RD_KAFKA_RESP_ERR_NO_ERROR) {
-    const void* value = nullptr;
-    size_t size = 0;
-    if (rd_kafka_header_get_last(all, "Event-Type", &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR &&
-        value != nullptr) {
-      d.event_type = std::string_view(static_cast<const char*>(value), size);
-    }
-  }
-  if (msg->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
-    brokers_down_.store(false, std::memory_order_relaxed);
-    on_delivery_(d);
-    return;
-  }
-  // Content only matters when the record has to be dead-lettered.
-  if (msg->key) d.key = std::string_view(static_cast<const char*>(msg->key), msg->key_len);
-  if (msg->payload) d.value = std::string_view(static_cast<const char*>(msg->payload), msg->len);
-  if (all != nullptr) {
     const char* name = nullptr;
     const void* value = nullptr;
     size_t size = 0;
     for (size_t i = 0;
          rd_kafka_header_get_all(all, i, &name, &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR; ++i) {
-      d.headers.emplace_back(name, std::string_view(static_cast<const char*>(value), size));
-      d.size_bytes += std::string_view(name).size() + size;
+      std::string_view n(name);
+      std::string_view v(static_cast<const char*>(value), value != nullptr ? size : 0);
+      if (n == "Event-Type" && value != nullptr) d.event_type = v;  // the last one, as Kafka's
+      // Content only matters when the record has to be dead-lettered.
+      if (failed) d.headers.emplace_back(n, v);
+      d.size_bytes += n.size() + size;
     }
   }
+  bytes_in_flight_.fetch_sub(static_cast<int64_t>(d.size_bytes), std::memory_order_relaxed);
+  if (!failed) {
+    brokers_down_.store(false, std::memory_order_relaxed);
+    on_delivery_(d);
+    return;
+  }
+  if (msg->key) d.key = std::string_view(static_cast<const char*>(msg->key), msg->key_len);
+  if (msg->payload) d.value = std::string_view(static_cast<const char*>(msg->payload), msg->len);
   if (IsSizeRefusal(msg->err)) {
     // The broker judged a whole batch. The record alone was refused only if
     // it was batched alone (as large as batch.size) or the lane's batches fit

@@ -77,6 +77,12 @@ Metrics::Metrics(std::string service)
                     .Help("Records produced and not yet acknowledged")
                     .Register(reg)
                     .Add(svc);
+  in_flight_bytes_ = &BuildGauge()
+                          .Name("outbox_relay_in_flight_bytes")
+                          .Help("Bytes (key, value, headers) of the records produced and not yet "
+                                "acknowledged")
+                          .Register(reg)
+                          .Add(svc);
   heartbeat_ = &BuildGauge()
                     .Name("outbox_relay_heartbeat_timestamp_seconds")
                     .Help("Last time the replication loop talked to the server (unix seconds)")

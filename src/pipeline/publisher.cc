@@ -53,12 +53,29 @@ void Publisher::InjectFatalAfter(uint64_t n, std::function<void()> inject) {
   inject_fatal_ = std::move(inject);
 }
 
+bool Publisher::InFlightFull() const {
+  const int64_t rows = tracker_->rows_in_flight();
+  const int64_t bytes = BytesInFlight();
+  if (rows >= options_.max_in_flight || bytes >= options_.max_in_flight_bytes) {
+    in_flight_full_ = true;
+  } else if (in_flight_full_ && rows <= options_.max_in_flight * 3 / 4 &&
+             bytes <= options_.max_in_flight_bytes * 3 / 4) {
+    // Read again only once a quarter of the window is free: resuming at the
+    // first acknowledgement would produce one record per delivery report,
+    // waking the loop and sending a batch of one each time.
+    in_flight_full_ = false;
+  }
+  return in_flight_full_;
+}
+
 bool Publisher::Backpressured() const {
-  return tracker_->rows_in_flight() >= options_.max_in_flight ||
-         tracker_->awaiting_mark() >= options_.max_awaiting_mark || state_ != TxnState::kIdle;
+  return InFlightFull() || tracker_->awaiting_mark() >= options_.max_awaiting_mark ||
+         state_ != TxnState::kIdle;
 }
 
 bool Publisher::Reachable() const { return sink_ != nullptr && sink_->Reachable(); }
+
+int64_t Publisher::BytesInFlight() const { return sink_ != nullptr ? sink_->BytesInFlight() : 0; }
 
 Status Publisher::Flush(milliseconds timeout) {
   if (sink_ == nullptr) return Ok();

@@ -259,9 +259,7 @@ Status SlotSetup::Backfill(pg::Connection& conn, const std::string& snapshot) {
         tx_id = row_tx;
         ++transactions;
       }
-      while (
-          (tracker_->rows_in_flight() >= options_.max_in_flight || publisher_->Backpressured()) &&
-          !tracker_->failure() && !stop_->requested()) {
+      while (publisher_->Backpressured() && !tracker_->failure() && !stop_->requested()) {
         stats_->Beat();
         Status st = publisher_->DeadLetterRefused(nullptr);
         if (st) st = publisher_->Tick();  // exactly-once: a commit in progress ends

@@ -62,6 +62,7 @@ Status StreamSession::Run() {
     if (auto st = publisher_->DeadLetterRefused(this); !st) return st;
     if (auto st = publisher_->Tick(); !st) return st;  // exactly-once: commit when due
     stats_->kafka_reachable.store(publisher_->Reachable(), std::memory_order_relaxed);
+    stats_->in_flight_bytes.store(publisher_->BytesInFlight(), std::memory_order_relaxed);
     if (auto st = SendStatus(false); !st) return st;
     LogProgress();
     if (publisher_->Backpressured()) {

@@ -551,8 +551,7 @@ Status WatermillTables::PublishTable(pg::Connection& conn, const OutboxTable& ta
         tx = tracker_->Begin(kInvalidLsn, PgTimestamp{}, 0);
         tx_id = row_tx;
       }
-      while (tracker_->rows_in_flight() >= options_.max_in_flight && !tracker_->failure() &&
-             !stop_->requested()) {
+      while (publisher_->InFlightFull() && !tracker_->failure() && !stop_->requested()) {
         stats_->Beat();
         if (auto st = publisher_->DeadLetterRefused(nullptr); !st) {
           tracker_->Commit(tx, kInvalidLsn);

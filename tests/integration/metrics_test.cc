@@ -87,10 +87,13 @@ TEST_F(Metrics, KnownWorkloadGivesTheSeedsMetricsAndHealth) {
       port,
       [&](const std::string& t) {
         return MetricSum(t, "outbox_rows_total", {svc, Label("status", "acked")}) == 43.0 &&
-               MetricSum(t, "outbox_relay_in_flight_messages", {svc}) == 0.0;
+               MetricSum(t, "outbox_relay_in_flight_messages", {svc}) == 0.0 &&
+               MetricSum(t, "outbox_relay_in_flight_bytes", {svc}) == 0.0;
       },
       seconds(20));
   ASSERT_FALSE(text.empty()) << "no answer on /metrics";
+  // Every record's bytes are taken off when it is reported, dead letters included.
+  EXPECT_EQ(MetricSum(text, "outbox_relay_in_flight_bytes", {svc}), 0.0) << text;
 
   // Seed names and labels.
   EXPECT_EQ(MetricSum(text, "outbox_rows_total", {svc, Label("status", "acked")}), 43.0) << text;

@@ -44,6 +44,10 @@
 
 namespace outbox_relay::kafka {
 
+// librdkafka's own bound on the bytes it queues (queue.buffering.max.kbytes);
+// the relay's --max-in-flight-bytes stays within it.
+inline constexpr int64_t kMaxQueuedBytes = int64_t{64} << 20;
+
 struct ProducerOptions {
   std::string brokers;
   // Applied after our defaults, in order; the user's word wins except where
@@ -82,6 +86,9 @@ class KafkaProducer final : public Sink {
   Result<Accepted> Produce(const outbox::KafkaRecord& record, void* opaque) override;
   Status Flush(std::chrono::milliseconds timeout) override;
   bool Reachable() const override;
+  int64_t BytesInFlight() const override {
+    return bytes_in_flight_.load(std::memory_order_relaxed);
+  }
 
   // Broker metadata request: ok when a broker answered within `timeout`.
   // When the brokers refused the client's credentials or TLS verification
@@ -141,6 +148,7 @@ class KafkaProducer final : public Sink {
 
   std::atomic<bool> stop_{false};
   std::atomic<bool> brokers_down_{false};
+  std::atomic<int64_t> bytes_in_flight_{0};  // BytesInFlight(): added by Produce, taken by Report
   std::atomic<int64_t> required_batch_size_{0};  // transactional: 0 = none
   mutable std::mutex credentials_mu_;
   std::string credentials_error_;  // guarded by credentials_mu_

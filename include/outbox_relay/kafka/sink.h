@@ -57,6 +57,9 @@ class Sink {
   virtual Status Flush(std::chrono::milliseconds timeout) = 0;
   // Whether the sink can reach its destination now (for /readyz).
   virtual bool Reachable() const = 0;
+  // Bytes (key + value + header names and values) of the records accepted and
+  // not yet reported: what the sink holds in memory for them.
+  virtual int64_t BytesInFlight() const { return 0; }
 };
 
 // Accepts every record and reports it delivered at once, on the caller's

@@ -62,6 +62,7 @@ struct PublisherOptions {
   std::string dlq_topic = "outbox-relay.dlq";
   size_t dlq_max_bytes = 1000000;
   int64_t max_in_flight = 20000;                // rows produced, not yet acknowledged
+  int64_t max_in_flight_bytes = 1 << 20;        // their bytes the sink holds (BytesInFlight)
   size_t max_awaiting_mark = 8000;              // delivered transactions not yet marked
   std::chrono::milliseconds stop_grace{12500};  // waits give up this long after a stop
 };
@@ -120,9 +121,15 @@ class Publisher {
   // server sends their rows again and the broker refuses them again.
   void DropRefused();
 
-  // Too much in flight: the loop should stop reading.
+  // Too much in flight: the loop should stop reading. InFlightFull: the rows
+  // produced and not yet acknowledged, or their bytes, reached their bound
+  // and have not yet fallen to three quarters of it;
+  // Backpressured: that, or too much waits for the marker or a Kafka
+  // transaction's commit.
+  bool InFlightFull() const;
   bool Backpressured() const;
   bool Reachable() const;
+  int64_t BytesInFlight() const;  // the sink's (0 without one)
   Status Flush(std::chrono::milliseconds timeout);
 
   // TEST ONLY (failpoint): the producer fails fatally after `n` records.
@@ -202,6 +209,9 @@ class Publisher {
   std::chrono::steady_clock::time_point commit_started_;
   std::vector<tracking::Transaction*> txn_members_;  // held until the commit
   TxnState state_ = TxnState::kIdle;
+  // InFlightFull's hysteresis (the loop thread's alone): set at the bound,
+  // cleared at three quarters of it.
+  mutable bool in_flight_full_ = false;
   std::string abort_reason_;
   std::string progress_value_;  // the progress record being committed
   std::thread worker_;          // runs a blocking commit or abort

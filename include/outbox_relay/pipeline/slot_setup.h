@@ -56,7 +56,6 @@ struct SlotSetupOptions {
   OnSlotLost on_slot_lost = OnSlotLost::kReconcile;
   int64_t backfill_batch = 5000;  // rows per keyset query
   bool failover_slot = false;     // create (or alter) the slot with failover = true (17+)
-  int64_t max_in_flight = 20000;
   // When set, the backfill of the stored snapshot (watermill mode:
   // WatermillTables::Backfill) instead of the seed table's.
   std::function<Status(pg::Connection&, const std::string& snapshot)> backfill_rows;

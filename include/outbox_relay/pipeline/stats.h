@@ -36,6 +36,7 @@ struct RelayStats {
   std::atomic<bool> streaming{false};
   std::atomic<bool> standby{false};
   std::atomic<bool> kafka_reachable{false};  // the sink's word, copied by the loop thread
+  std::atomic<int64_t> in_flight_bytes{0};   // the sink's BytesInFlight, copied likewise
 
   // The loop is alive (for /healthz): every loop that waits calls it, so a
   // long backfill or a wait for Kafka is not taken for a hang.

@@ -90,7 +90,6 @@ struct WatermillOptions {
   std::string slot;
   bool mark = true;  // write positions (false: a benchmark without marking)
   int64_t backfill_batch = 5000;
-  int64_t max_in_flight = 20000;
   std::chrono::milliseconds join_lock_timeout{2000};
   std::chrono::seconds discover_interval{10};
 };

@@ -45,6 +45,24 @@ RelayConfig Minimal() {
   return c;
 }
 
+TEST(Validate, TheInFlightBytesBoundStaysWithinLibrdkafkasQueueAndNamesTheSetting) {
+  for (int64_t bad : {int64_t{0}, int64_t{1023}, kafka::kMaxQueuedBytes + 1}) {
+    RelayConfig c = Minimal();
+    c.max_in_flight_bytes = bad;
+    auto st = Validate(c);
+    ASSERT_FALSE(st.has_value()) << bad;
+    EXPECT_NE(st.error().message.find("--max-in-flight-bytes (OUTBOX_MAX_IN_FLIGHT_BYTES)"),
+              std::string::npos)
+        << st.error().message;
+  }
+  for (int64_t good : {int64_t{1024}, RelayConfig{}.max_in_flight_bytes, kafka::kMaxQueuedBytes}) {
+    RelayConfig c = Minimal();
+    c.max_in_flight_bytes = good;
+    auto st = Validate(c);
+    EXPECT_TRUE(st.has_value()) << good << ": " << st.error().message;
+  }
+}
+
 TEST(Validate, WatermillModeParsesTablesPatternAndMaps) {
   RelayConfig c = Minimal();
   c.watermill_flags.table_mode = TableMode::kWatermill;

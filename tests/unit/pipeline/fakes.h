@@ -240,6 +240,7 @@ class FakeSink final : public kafka::Sink {
       if (record.value) p.value = std::string(*record.value);
       for (const auto& [k, v] : record.headers) p.headers.emplace_back(k, v);
       p.opaque = opaque;
+      unsettled_bytes_ += Bytes(p);
       produced_.push_back(std::move(p));
       index = produced_.size() - 1;
       ++unsettled_;
@@ -249,6 +250,16 @@ class FakeSink final : public kafka::Sink {
   }
   Status Flush(std::chrono::milliseconds) override { return Ok(); }
   bool Reachable() const override { return true; }
+  int64_t BytesInFlight() const override {
+    std::lock_guard lock(mu_);
+    return unsettled_bytes_;
+  }
+  // Key, value and headers, as the Kafka producer counts them.
+  static int64_t Bytes(const Produced& p) {
+    size_t n = p.key.value_or("").size() + p.value.value_or("").size();
+    for (const auto& [k, v] : p.headers) n += k.size() + v.size();
+    return static_cast<int64_t>(n);
+  }
 
   // Settles record `i`: acked, or with `error` (kPoison: refused by the
   // broker, kFatal: the producer failed).
@@ -262,6 +273,7 @@ class FakeSink final : public kafka::Sink {
       if (p.settled) return;
       p.settled = true;
       --unsettled_;
+      unsettled_bytes_ -= Bytes(p);
       topic = p.topic;
       value = p.value.value_or("");
       headers = p.headers;
@@ -293,6 +305,7 @@ class FakeSink final : public kafka::Sink {
   mutable std::mutex mu_;
   std::vector<Produced> produced_;
   size_t unsettled_ = 0;
+  int64_t unsettled_bytes_ = 0;
   size_t queue_full_ = 0;
 };
 

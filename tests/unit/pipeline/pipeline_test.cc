@@ -233,6 +233,45 @@ TEST(Pipeline, AStalledSinkHoldsTheReadingAtMaxInFlightButNotTheStatusUpdates) {
   ASSERT_TRUE(Eventually([&] { return p.sink().size() == 6; }));
 }
 
+TEST(Pipeline, AfterTheInFlightBoundTheReadingWaitsForAQuarterOfTheWindowNotOneRecord) {
+  FakeWalSender wal = FakeWalSender::Recorded();
+  ASSERT_GE(kRows.size(), 11u);
+  PublisherOptions options = Pipeline::DefaultOptions();
+  options.max_in_flight = 8;  // reading again at 6
+  Pipeline p(options);
+  p.sink().auto_ack = false;
+  p.Connect(wal.From(Lsn(1)));
+  ASSERT_TRUE(Eventually([&] { return p.sink().size() == 8; }));
+  p.sink().Ack(0);
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(p.sink().size(), 8u) << "one acknowledgement let one more record out";
+  p.sink().Ack(1);
+  EXPECT_TRUE(Eventually([&] { return p.sink().size() == 10; }));
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(p.sink().size(), 10u);
+}
+
+TEST(Pipeline, TheBytesInFlightHoldTheReadingTooAndARecordLargerThanTheBoundStillGoesAlone) {
+  FakeWalSender wal = FakeWalSender::Recorded();
+  PublisherOptions options = Pipeline::DefaultOptions();
+  options.max_in_flight_bytes = 1;  // smaller than any record
+  Pipeline p(options);
+  p.sink().auto_ack = false;
+  FakeSource& source = p.Connect(wal.From(Lsn(1)));
+  ASSERT_TRUE(Eventually([&] { return p.sink().size() == 1; }));
+  EXPECT_GT(p.sink().BytesInFlight(), 1);
+  size_t read = source.read();
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(p.sink().size(), 1u) << "a second record went out past the bytes bound";
+  EXPECT_EQ(source.read(), read) << "the loop read on while the bytes bound was reached";
+  for (size_t acked = 0; acked < kRows.size(); ++acked) {
+    ASSERT_TRUE(Eventually([&] { return p.sink().size() > acked; }));
+    EXPECT_EQ(p.sink().size(), acked + 1) << "more than one record in flight";
+    p.sink().Ack(acked);
+  }
+  EXPECT_TRUE(Eventually([&] { return p.tracker().confirmed() == LastEnd(wal); }));
+}
+
 TEST(Pipeline, AFullProducerQueueIsWaitedOutWithStatusUpdates) {
   FakeWalSender wal = FakeWalSender::Recorded();
   Pipeline p;
