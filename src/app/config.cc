@@ -498,8 +498,8 @@ Status ValidateNetwork(RelayConfig& c) {
            Range{"--kafka-connect-timeout-ms", "OUTBOX_KAFKA_CONNECT_TIMEOUT_MS",
                  c.kafka_connect_timeout_ms, 1000, 3600000, false},
            // At most what librdkafka itself queues.
-           Range{"--max-in-flight-bytes", "OUTBOX_MAX_IN_FLIGHT_BYTES", c.max_in_flight_bytes,
-                 1024, kafka::kMaxQueuedBytes, false},
+           Range{"--max-in-flight-bytes", "OUTBOX_MAX_IN_FLIGHT_BYTES", c.max_in_flight_bytes, 1024,
+                 kafka::kMaxQueuedBytes, false},
        }) {
     if (r.value == 0 && r.zero_ok) continue;
     if (r.value < r.min || r.value > r.max) {

@@ -79,8 +79,9 @@ Metrics::Metrics(std::string service)
                     .Add(svc);
   in_flight_bytes_ = &BuildGauge()
                           .Name("outbox_relay_in_flight_bytes")
-                          .Help("Bytes (key, value, headers) of the records produced and not yet "
-                                "acknowledged")
+                          .Help(
+                              "Bytes (key, value, headers) of the records produced and not yet "
+                              "acknowledged")
                           .Register(reg)
                           .Add(svc);
   heartbeat_ = &BuildGauge()
