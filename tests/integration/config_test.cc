@@ -27,6 +27,11 @@ TEST_F(Config, BadSettingFailsAtStartNamingIt) {
   CreateTables();
   std::vector<BadCase> cases = {
       {"--max-in-flight 0", {"--max-in-flight", "0"}, {}, "--max-in-flight", 2},
+      {"OUTBOX_MAX_IN_FLIGHT_BYTES above librdkafka's queue",
+       {},
+       {{"OUTBOX_MAX_IN_FLIGHT_BYTES", "1073741824"}},
+       "--max-in-flight-bytes (OUTBOX_MAX_IN_FLIGHT_BYTES)",
+       2},
       {"DATABASE_URL unset", {}, {{"DATABASE_URL", std::nullopt}}, "DATABASE_URL", 2},
       {"KAFKA_BROKERS unset", {}, {{"KAFKA_BROKERS", std::nullopt}}, "KAFKA_BROKERS", 2},
       {"--kafka-property acks=1", {"--kafka-property", "acks=1"}, {}, "acks", std::nullopt},
