@@ -127,7 +127,10 @@ Result<std::map<std::string, std::string>> ProducerConfig(const ProducerOptions&
       // and sends the transactions again from the slot, so no later record
       // of a partition overtakes one that timed out.
       {"message.timeout.ms", "0"},
-      {"linger.ms", "5"},
+      // 1 ms, not librdkafka's 5: at a few hundred rows/s a record would wait
+      // most of the 5 ms alone; in a backlog the batches fill anyway (the
+      // bound is the in-flight window, not the linger).
+      {"linger.ms", "1"},
       {"partitioner", "fnv1a_random"},  // = Sarama's hash partitioner (the Go forwarder)
       {"compression.type", "none"},
       // Bounded memory: the relay keeps its own smaller in-flight bound; these
