@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <utility>
 
 namespace outbox_relay::pipeline {
@@ -72,8 +73,9 @@ Status StreamSession::Run() {
     }
     auto msg = source_->TryRead();
     if (!msg) return std::unexpected(msg.error());
+    publisher_->NoteReading(/*idle=*/!*msg);
     if (!*msg) {
-      if (auto st = source_->Wait(milliseconds(100)); !st) return st;
+      if (auto st = source_->Wait(WaitBound()); !st) return st;
       auto now = Clock::now();
       liveness_.SawBytes(source_->BytesReceived(), now);
       if (auto silent = liveness_.Silent(now)) {
@@ -189,6 +191,15 @@ Status StreamSession::HandleInsert(const pgoutput::Insert& insert) {
   }
   stats_->rows.fetch_add(1, std::memory_order_relaxed);
   return publisher_->MapAndProduce(*columns, insert.new_tuple, open_tx_, this);
+}
+
+milliseconds StreamSession::WaitBound() const {
+  // Exactly-once: not past the open Kafka transaction's commit.
+  constexpr milliseconds kMax{100};
+  auto due = publisher_->CommitDueAt();
+  if (due == Clock::time_point::max()) return kMax;
+  auto left = std::chrono::ceil<milliseconds>(due - Clock::now());
+  return std::clamp(left, milliseconds(0), kMax);
 }
 
 Status StreamSession::Touch() {

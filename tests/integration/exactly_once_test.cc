@@ -16,8 +16,10 @@
 // - The harness can see duplicates: with the skip of what Kafka already has
 //   turned off (a test-only fault), the same crash loop finds them.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <random>
 #include <regex>
 #include <thread>
@@ -100,6 +102,39 @@ class ExactlyOnce : public RelayTest {
     EXPECT_EQ(WaitAllAcked(seconds(120)), 0) << DescribeUnacked();
     relay->Terminate();
     EXPECT_EQ(relay->Wait(seconds(40)), std::optional<int>(0)) << relay->LogTail();
+  }
+
+  // The relay's Kafka commits by its /metrics: how many committed, and the
+  // seconds their commit calls took (count -1: no answer).
+  struct CommitStats {
+    int64_t count = -1;
+    double seconds = 0;
+    std::chrono::steady_clock::time_point seen;  // when this was read
+  };
+  static CommitStats KafkaCommitStats(int metrics_port) {
+    static const std::regex kCommitted(
+        R"re(outbox_relay_kafka_transactions_total\{[^}]*result="committed"[^}]*\} ([0-9.e+]+))re");
+    static const std::regex kSum(
+        R"re(outbox_relay_kafka_transaction_commit_seconds_sum(?:\{[^}]*\})? ([0-9.e+-]+))re");
+    CommitStats out;
+    HttpResponse r = HttpGet(metrics_port, "/metrics", milliseconds(2000));
+    out.seen = std::chrono::steady_clock::now();
+    std::smatch m;
+    if (r.status != 200 || !std::regex_search(r.body, m, kCommitted)) return out;
+    out.count = static_cast<int64_t>(std::stod(m[1]));
+    if (std::regex_search(r.body, m, kSum)) out.seconds = std::stod(m[1]);
+    return out;
+  }
+  // Polls until more than `above` Kafka transactions committed; count -1 on
+  // a timeout.
+  static CommitStats WaitKafkaCommits(int metrics_port, int64_t above, milliseconds timeout) {
+    auto until = std::chrono::steady_clock::now() + timeout;
+    while (true) {
+      CommitStats s = KafkaCommitStats(metrics_port);
+      if (s.count > above) return s;
+      if (s.seen >= until) return CommitStats{};
+      std::this_thread::sleep_for(milliseconds(1));
+    }
   }
 
   static uint64_t TestSeed() {
@@ -230,14 +265,7 @@ TEST_F(ExactlyOnce, KillInsideAHugeTransactionAndInTheBackfillPublishesEachRowOn
   RelayProcess& second = StartRelay(
       Eos({"--txn-max-rows", "2000", "--metrics-addr", fmt::format("127.0.0.1:{}", metrics_port)}));
   ASSERT_TRUE(WaitStreaming(second, seconds(120))) << second.LogTail();
-  auto kafka_commits = [&]() -> int64_t {
-    static const std::regex kCommitted(
-        R"re(outbox_relay_kafka_transactions_total\{[^}]*result="committed"[^}]*\} ([0-9.e+]+))re");
-    HttpResponse r = HttpGet(metrics_port, "/metrics", milliseconds(2000));
-    std::smatch m;
-    if (r.status != 200 || !std::regex_search(r.body, m, kCommitted)) return -1;
-    return static_cast<int64_t>(std::stod(m[1]));
-  };
+  auto kafka_commits = [&] { return KafkaCommitStats(metrics_port).count; };
   int64_t commits_before = -1;
   for (int i = 0; i < 100 && commits_before < 0; ++i) {
     commits_before = kafka_commits();
@@ -278,6 +306,92 @@ TEST_F(ExactlyOnce, KillInsideAHugeTransactionAndInTheBackfillPublishesEachRowOn
   std::string log = first.Log();
   fmt::print("backfill: {} of 30,000 rows unacked at the kill\n", unacked_at_kill);
   Check(ledger, "kill in the backfill and inside a 200,000-row transaction");
+}
+
+// A row that comes alone is in a Kafka transaction due --txn-interval-ms
+// after it is read. The loop waits for the server at most 100 ms at a time;
+// without a bound on that wait by the commit's due time, the lone row waited
+// for the wait to end (about 100 ms), not for its 20 ms interval.
+TEST_F(ExactlyOnce, ALoneRowCommitsOnItsIntervalNotOnTheNextServerMessage) {
+  CreateTables();
+  Ledger ledger;
+  const int port = FreeLocalPort(17900 + static_cast<int>(getpid() % 200));
+  RelayProcess& relay = StartRelay(
+      Eos({"--txn-interval-ms", "20", "--metrics-addr", fmt::format("127.0.0.1:{}", port)}));
+  ASSERT_TRUE(WaitStreaming(relay, seconds(60))) << relay.LogTail();
+  Writer writer(Workload(), &ledger, -1, 601);
+  // Unmeasured: the topics' first records (metadata, partitions' leaders).
+  ASSERT_TRUE(writer.Transaction({.rows = 40}));
+  ASSERT_GE(WaitKafkaCommits(port, 0, seconds(60)).count, 1) << relay.LogTail();
+  ASSERT_EQ(WaitAllAcked(seconds(60)), 0) << DescribeUnacked();
+  std::this_thread::sleep_for(milliseconds(300));
+  std::vector<double> waits_ms;  // row committed in PostgreSQL → Kafka commit call starts
+  for (int i = 0; i < 12; ++i) {
+    CommitStats before = KafkaCommitStats(port);
+    ASSERT_GE(before.count, 1);
+    ASSERT_TRUE(writer.Transaction({.rows = 1}));
+    auto committed = std::chrono::steady_clock::now();
+    CommitStats after = WaitKafkaCommits(port, before.count, seconds(10));
+    ASSERT_GT(after.count, before.count) << "no Kafka commit within 10 s\n" << relay.LogTail();
+    double total_ms = std::chrono::duration<double, std::milli>(after.seen - committed).count();
+    double commit_ms = (after.seconds - before.seconds) * 1000 / double(after.count - before.count);
+    waits_ms.push_back(total_ms - commit_ms);
+    std::this_thread::sleep_for(milliseconds(250));
+  }
+  std::ranges::sort(waits_ms);
+  double median = waits_ms[waits_ms.size() / 2];
+  fmt::print("lone row → Kafka commit starts (--txn-interval-ms 20): median {:.1f} ms, {:.1f}\n",
+             median, fmt::join(waits_ms, " "));
+  EXPECT_LT(median, 75.0)
+      << "a lone row waits for the loop's wait for the server, not its interval";
+  ASSERT_EQ(WaitAllAcked(seconds(60)), 0) << DescribeUnacked();
+  relay.Terminate();
+  EXPECT_EQ(relay.Wait(seconds(40)), std::optional<int>(0)) << relay.LogTail();
+  Check(ledger, "lone rows");
+}
+
+// Rows that arrive while a Kafka transaction commits are read once the
+// commit ends (the loop reads nothing meanwhile). They have waited since the
+// commit began: they commit once read, not a whole --txn-interval-ms later.
+// A slow commit (a test-only fault: 1 s) makes the difference plain.
+TEST_F(ExactlyOnce, RowsThatWaitedForASlowCommitAreNotHeldAWholeIntervalMore) {
+  CreateTables();
+  Ledger ledger;
+  const int port = FreeLocalPort(18100 + static_cast<int>(getpid() % 200));
+  RelayProcess& relay = StartRelay(
+      Eos({"--txn-interval-ms", "300", "--metrics-addr", fmt::format("127.0.0.1:{}", port)}),
+      {{"OUTBOX_TEST_FAULT", "slow-commit:1000"}});
+  ASSERT_TRUE(WaitStreaming(relay, seconds(60))) << relay.LogTail();
+  Writer writer(Workload(), &ledger, -1, 602);
+  ASSERT_TRUE(writer.Transaction({.rows = 40}));  // unmeasured: the topics' first records
+  ASSERT_GE(WaitKafkaCommits(port, 0, seconds(60)).count, 1) << relay.LogTail();
+  ASSERT_EQ(WaitAllAcked(seconds(60)), 0) << DescribeUnacked();
+  std::vector<double> gaps_ms;  // the first commit ends → the second's call starts
+  for (int i = 0; i < 3; ++i) {
+    CommitStats before = KafkaCommitStats(port);
+    ASSERT_TRUE(writer.Transaction({.rows = 1}));
+    // Its Kafka transaction is due 300 ms after the relay reads it, and its
+    // commit takes 1 s more: this row comes in the middle of that.
+    std::this_thread::sleep_for(milliseconds(800));
+    ASSERT_TRUE(writer.Transaction({.rows = 1}));
+    CommitStats first = WaitKafkaCommits(port, before.count, seconds(20));
+    ASSERT_EQ(first.count, before.count + 1) << relay.LogTail();
+    CommitStats second = WaitKafkaCommits(port, first.count, seconds(20));
+    ASSERT_EQ(second.count, first.count + 1) << relay.LogTail();
+    double second_started_ms =
+        std::chrono::duration<double, std::milli>(second.seen - first.seen).count() -
+        (second.seconds - first.seconds) * 1000;
+    gaps_ms.push_back(second_started_ms);
+  }
+  fmt::print("a slow commit's end → the next commit starts (interval 300 ms): {:.1f} ms\n",
+             fmt::join(gaps_ms, " "));
+  for (double gap : gaps_ms) {
+    EXPECT_LT(gap, 150.0) << "rows that waited for the commit waited a whole interval more";
+  }
+  ASSERT_EQ(WaitAllAcked(seconds(60)), 0) << DescribeUnacked();
+  relay.Terminate();
+  EXPECT_EQ(relay.Wait(seconds(40)), std::optional<int>(0)) << relay.LogTail();
+  Check(ledger, "rows behind a slow commit");
 }
 
 TEST_F(ExactlyOnce, BrokerRestartAndPostgresImmediateRestartDuringOpenTransactions) {

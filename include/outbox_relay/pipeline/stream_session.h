@@ -84,6 +84,8 @@ class StreamSession final : public KeepAlive {
   Status HandleInsert(const pgoutput::Insert& insert);
   Status HandleRelation(const pgoutput::Relation& relation);
   void LogProgress();
+  // How long to wait for the server when there is nothing to read.
+  std::chrono::milliseconds WaitBound() const;
 
   const SessionOptions options_;
   ReplicationSource* const source_;
