@@ -122,10 +122,8 @@ void AddRunFlags(CLI::App& app, RelayConfig& c) {
                  "transaction (created when missing)")
       ->envname("OUTBOX_PROGRESS_TOPIC")
       ->capture_default_str();
-  app.add_option(
-         "--txn-interval-ms", c.txn_interval_ms,
-         "Exactly-once: a Kafka transaction is committed this long after its first row (rows that "
-         "waited for the previous commit: after that commit began)")
+  app.add_option("--txn-interval-ms", c.txn_interval_ms,
+                 "Exactly-once: a Kafka transaction is committed this long after its first row")
       ->envname("OUTBOX_TXN_INTERVAL_MS")
       ->capture_default_str();
   app.add_option("--txn-max-rows", c.txn_max_rows,

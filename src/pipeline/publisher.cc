@@ -2,9 +2,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include <algorithm>
-#include <cstdlib>
-#include <string>
 #include <utility>
 
 #include "outbox_relay/core/failpoint.h"
@@ -337,30 +334,17 @@ void Publisher::EnableTransactions(TransactionOptions options, kafka::KafkaProdu
   producer_ = producer;
   committed_ = std::move(committed);
   pending_ = committed_;
-  if constexpr (failpoint::kCompiledIn) {
-    if (auto ms = failpoint::Active("slow-commit")) {
-      slow_commit_ = milliseconds(std::strtoll(std::string(*ms).c_str(), nullptr, 10));
-    }
-  }
-}
-
-void Publisher::NoteReading(bool idle) {
-  source_idle_ = idle;
-  // Nothing was waiting behind the last commit, or it is in the open Kafka
-  // transaction already: a row that comes later waits its own interval.
-  if (idle && !txn_open_) held_since_.reset();
 }
 
 std::chrono::steady_clock::time_point Publisher::CommitDueAt() const {
   if (!txn_ || !txn_open_ || state_ != TxnState::kIdle) {
     return std::chrono::steady_clock::time_point::max();
   }
-  return txn_oldest_ + txn_->interval;
+  return txn_started_ + txn_->interval;
 }
 
 void Publisher::SetBackfill(std::optional<std::string> snapshot) {
   backfill_snapshot_ = std::move(snapshot);
-  source_idle_ = false;  // the backfill's rows do not come from the stream
   if (!backfill_snapshot_) pending_.backfill.reset();  // later records leave it out
 }
 
@@ -380,8 +364,6 @@ Status Publisher::JoinTransaction(tracking::Transaction* tx) {
     txn_open_ = true;
     txn_rows_ = 0;
     txn_started_ = std::chrono::steady_clock::now();
-    txn_oldest_ = std::min(held_since_.value_or(txn_started_), txn_started_);
-    held_since_.reset();
   }
   if (txn_members_.empty() || txn_members_.back() != tx) {
     tracker_->Hold(tx);
@@ -407,10 +389,7 @@ Status Publisher::Tick(bool force) {
   }
   if (!txn_open_) return Ok();
   auto now = std::chrono::steady_clock::now();
-  // Under a steady flow the interval counts from the first row; once the
-  // loop has read all there is, from when the oldest row began to wait.
-  if (force || txn_rows_ >= txn_->max_rows || now - txn_started_ >= txn_->interval ||
-      (source_idle_ && now - txn_oldest_ >= txn_->interval)) {
+  if (force || txn_rows_ >= txn_->max_rows || now - txn_started_ >= txn_->interval) {
     return StartCommit();
   }
   return Ok();
@@ -437,8 +416,6 @@ Status Publisher::StartCommit() {
   const std::atomic<bool>* stop = &stop_->flag();
   auto grace = options_.stop_grace;
   worker_ = std::thread([this, stop, grace] {
-    if (failpoint::kCompiledIn && slow_commit_.count() > 0)
-      std::this_thread::sleep_for(slow_commit_);
     // Resumable: on a timeout the commit goes on in the background and the
     // call picks it up again; a stop request gives up after the stop grace.
     auto stop_seen = std::chrono::steady_clock::time_point{};
@@ -498,7 +475,6 @@ Status Publisher::FinishWorker() {
               .count());
       committed_ = pending_;
       txn_open_ = false;
-      held_since_ = commit_started_;  // the rows the loop did not read meanwhile
       for (tracking::Transaction* tx : std::exchange(txn_members_, {})) tracker_->ReleaseHold(tx);
       return Ok();
     }

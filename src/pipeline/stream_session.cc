@@ -73,7 +73,6 @@ Status StreamSession::Run() {
     }
     auto msg = source_->TryRead();
     if (!msg) return std::unexpected(msg.error());
-    publisher_->NoteReading(/*idle=*/!*msg);
     if (!*msg) {
       if (auto st = source_->Wait(WaitBound()); !st) return st;
       auto now = Clock::now();

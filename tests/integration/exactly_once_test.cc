@@ -350,50 +350,6 @@ TEST_F(ExactlyOnce, ALoneRowCommitsOnItsIntervalNotOnTheNextServerMessage) {
   Check(ledger, "lone rows");
 }
 
-// Rows that arrive while a Kafka transaction commits are read once the
-// commit ends (the loop reads nothing meanwhile). They have waited since the
-// commit began: they commit once read, not a whole --txn-interval-ms later.
-// A slow commit (a test-only fault: 1 s) makes the difference plain.
-TEST_F(ExactlyOnce, RowsThatWaitedForASlowCommitAreNotHeldAWholeIntervalMore) {
-  CreateTables();
-  Ledger ledger;
-  const int port = FreeLocalPort(18100 + static_cast<int>(getpid() % 200));
-  RelayProcess& relay = StartRelay(
-      Eos({"--txn-interval-ms", "300", "--metrics-addr", fmt::format("127.0.0.1:{}", port)}),
-      {{"OUTBOX_TEST_FAULT", "slow-commit:1000"}});
-  ASSERT_TRUE(WaitStreaming(relay, seconds(60))) << relay.LogTail();
-  Writer writer(Workload(), &ledger, -1, 602);
-  ASSERT_TRUE(writer.Transaction({.rows = 40}));  // unmeasured: the topics' first records
-  ASSERT_GE(WaitKafkaCommits(port, 0, seconds(60)).count, 1) << relay.LogTail();
-  ASSERT_EQ(WaitAllAcked(seconds(60)), 0) << DescribeUnacked();
-  std::vector<double> gaps_ms;  // the first commit ends → the second's call starts
-  for (int i = 0; i < 3; ++i) {
-    CommitStats before = KafkaCommitStats(port);
-    ASSERT_TRUE(writer.Transaction({.rows = 1}));
-    // Its Kafka transaction is due 300 ms after the relay reads it, and its
-    // commit takes 1 s more: this row comes in the middle of that.
-    std::this_thread::sleep_for(milliseconds(800));
-    ASSERT_TRUE(writer.Transaction({.rows = 1}));
-    CommitStats first = WaitKafkaCommits(port, before.count, seconds(20));
-    ASSERT_EQ(first.count, before.count + 1) << relay.LogTail();
-    CommitStats second = WaitKafkaCommits(port, first.count, seconds(20));
-    ASSERT_EQ(second.count, first.count + 1) << relay.LogTail();
-    double second_started_ms =
-        std::chrono::duration<double, std::milli>(second.seen - first.seen).count() -
-        (second.seconds - first.seconds) * 1000;
-    gaps_ms.push_back(second_started_ms);
-  }
-  fmt::print("a slow commit's end → the next commit starts (interval 300 ms): {:.1f} ms\n",
-             fmt::join(gaps_ms, " "));
-  for (double gap : gaps_ms) {
-    EXPECT_LT(gap, 150.0) << "rows that waited for the commit waited a whole interval more";
-  }
-  ASSERT_EQ(WaitAllAcked(seconds(60)), 0) << DescribeUnacked();
-  relay.Terminate();
-  EXPECT_EQ(relay.Wait(seconds(40)), std::optional<int>(0)) << relay.LogTail();
-  Check(ledger, "rows behind a slow commit");
-}
-
 TEST_F(ExactlyOnce, BrokerRestartAndPostgresImmediateRestartDuringOpenTransactions) {
   ThrowawayPostgres cluster(FreeLocalPort(26700 + static_cast<int>(getpid() % 300)),
                             "-c wal_level=logical -c wal_sender_timeout=5s -c max_wal_senders=4 "

@@ -10,8 +10,6 @@
 //                      (tests/integration/resilience_kafka_test)
 //   eos-no-skip        exactly-once produces again what Kafka already has
 //                      (tests/integration/exactly_once_test)
-//   slow-commit:MS     exactly-once: each Kafka commit waits MS milliseconds
-//                      first (tests/integration/exactly_once_test)
 //   stall-stop:S       a stop hangs S seconds before closing the Kafka
 //                      producer (tests/integration/shutdown_test)
 //

@@ -71,13 +71,9 @@ struct PublisherOptions {
 // transactional producer; consecutive PostgreSQL transactions go into one
 // Kafka transaction together with a progress record (KafkaProgress, in
 // `progress_topic` under `key`), committed every `interval` or `max_rows`.
-// The interval counts from the Kafka transaction's first row, or, for rows
-// that were waiting to be read while the previous Kafka transaction committed
-// (the loop reads nothing meanwhile), from that commit's start: once the loop
-// has read what was waiting (NoteReading(idle)), they commit at once instead
-// of waiting a whole interval more. The stream session bounds its wait for
-// the server by CommitDueAt, so a lone row commits on its interval, not on
-// the server's next message.
+// The interval counts from the Kafka transaction's first row. The stream
+// session bounds its wait for the server by CommitDueAt, so a lone row
+// commits on its interval, not on the server's next message.
 // A PostgreSQL transaction of the open Kafka transaction is held (tracker
 // Hold) until that commits; if it aborts, the transaction is abandoned and
 // the session ends (kAborted): the slot sends it again, and what Kafka already
@@ -158,10 +154,8 @@ class Publisher {
   // Aborts the open Kafka transaction (if any) and waits for it, at most
   // `timeout`: what it held is sent again.
   Status AbortTransaction(std::chrono::milliseconds timeout);
-  // The loop found nothing to read (`idle`), or read a message.
-  void NoteReading(bool idle);
-  // When the open Kafka transaction is due once the loop finds nothing more
-  // to read (time_point::max(): none open, or one ending).
+  // When the open Kafka transaction is due by its interval
+  // (time_point::max(): none open, or one ending).
   std::chrono::steady_clock::time_point CommitDueAt() const;
   // The transaction `tx` is read to its Commit.
   void NotePgCommit(tracking::Transaction* tx);
@@ -218,15 +212,7 @@ class Publisher {
   bool txn_open_ = false;
   int64_t txn_rows_ = 0;
   std::chrono::steady_clock::time_point txn_started_;  // its first row
-  // Since when its oldest row waits: the previous commit's start when it
-  // opened on rows read right after that commit, else txn_started_.
-  std::chrono::steady_clock::time_point txn_oldest_;
   std::chrono::steady_clock::time_point commit_started_;
-  // The last commit's start, until the loop finds nothing to read: rows read
-  // meanwhile were waiting for it (see TransactionOptions).
-  std::optional<std::chrono::steady_clock::time_point> held_since_;
-  bool source_idle_ = false;                         // the loop's last read found nothing
-  std::chrono::milliseconds slow_commit_{0};         // failpoint slow-commit:MS
   std::vector<tracking::Transaction*> txn_members_;  // held until the commit
   TxnState state_ = TxnState::kIdle;
   // InFlightFull's hysteresis (the loop thread's alone): set at the bound,
