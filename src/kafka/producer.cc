@@ -127,10 +127,11 @@ Result<std::map<std::string, std::string>> ProducerConfig(const ProducerOptions&
       // and sends the transactions again from the slot, so no later record
       // of a partition overtakes one that timed out.
       {"message.timeout.ms", "0"},
-      // 1 ms, not librdkafka's 5: at a few hundred rows/s a record would wait
-      // most of the 5 ms alone; in a backlog the batches fill anyway (the
-      // bound is the in-flight window, not the linger).
-      {"linger.ms", "1"},
+      // 3 ms, not librdkafka's 5: at a few hundred rows/s a record waits
+      // the linger alone (p99 commit -> broker append 8 ms against 10-11 at
+      // 500 rows/s). Not 1: at thousands of rows/s the batches get so small
+      // that the relay's CPU doubles and it falls behind (bench/README.md).
+      {"linger.ms", "3"},
       {"partitioner", "fnv1a_random"},  // = Sarama's hash partitioner (the Go forwarder)
       {"compression.type", "none"},
       // Bounded memory: the relay keeps its own smaller in-flight bound; these

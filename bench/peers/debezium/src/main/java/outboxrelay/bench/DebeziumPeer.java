@@ -119,7 +119,7 @@ public final class DebeziumPeer {
     producerProps.setProperty(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, brokers);
     producerProps.setProperty(ProducerConfig.ACKS_CONFIG, "all");
     producerProps.setProperty(ProducerConfig.ENABLE_IDEMPOTENCE_CONFIG, "true");
-    producerProps.setProperty(ProducerConfig.LINGER_MS_CONFIG, args.getOrDefault("linger-ms", "1"));
+    producerProps.setProperty(ProducerConfig.LINGER_MS_CONFIG, args.getOrDefault("linger-ms", "3"));
     producerProps.setProperty(ProducerConfig.CLIENT_ID_CONFIG, "debezium-peer");
     for (Map.Entry<String, String> e : args.entrySet()) {
       if (e.getKey().startsWith("producer.")) {
