@@ -21,7 +21,6 @@
 
 #include <algorithm>
 #include <random>
-#include <regex>
 #include <thread>
 
 #include "fixture.h"
@@ -112,17 +111,16 @@ class ExactlyOnce : public RelayTest {
     std::chrono::steady_clock::time_point seen;  // when this was read
   };
   static CommitStats KafkaCommitStats(int metrics_port) {
-    static const std::regex kCommitted(
-        R"re(outbox_relay_kafka_transactions_total\{[^}]*result="committed"[^}]*\} ([0-9.e+]+))re");
-    static const std::regex kSum(
-        R"re(outbox_relay_kafka_transaction_commit_seconds_sum(?:\{[^}]*\})? ([0-9.e+-]+))re");
     CommitStats out;
     HttpResponse r = HttpGet(metrics_port, "/metrics", milliseconds(2000));
     out.seen = std::chrono::steady_clock::now();
-    std::smatch m;
-    if (r.status != 200 || !std::regex_search(r.body, m, kCommitted)) return out;
-    out.count = static_cast<int64_t>(std::stod(m[1]));
-    if (std::regex_search(r.body, m, kSum)) out.seconds = std::stod(m[1]);
+    if (r.status != 200) return out;
+    auto committed =
+        MetricSum(r.body, "outbox_relay_kafka_transactions_total", {R"(result="committed")"});
+    if (!committed) return out;
+    out.count = static_cast<int64_t>(*committed);
+    out.seconds =
+        MetricValue(r.body, "outbox_relay_kafka_transaction_commit_seconds_sum").value_or(0);
     return out;
   }
   // Polls until more than `above` Kafka transactions committed; count -1 on
