@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include <map>
+#include <optional>
 #include <random>
 #include <regex>
 #include <set>
@@ -70,6 +71,33 @@ class ResilienceBackfill : public RelayTest {
                           QuoteIdent(name_)),
               {xids});
   }
+};
+
+// Autovacuum off on the whole server while it lives (the integration tests
+// run one at a time), after the workers already running have finished.
+class AutovacuumPaused {
+ public:
+  explicit AutovacuumPaused(const std::string& url) : pg_(url) {
+    pg_.Exec("ALTER SYSTEM SET autovacuum = off");
+    pg_.Exec("SELECT pg_reload_conf()");
+    auto deadline = std::chrono::steady_clock::now() + seconds(60);
+    while (Workers() > 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+  }
+  ~AutovacuumPaused() {
+    pg_.Exec("ALTER SYSTEM RESET autovacuum");
+    pg_.Exec("SELECT pg_reload_conf()");
+  }
+  AutovacuumPaused(const AutovacuumPaused&) = delete;
+  AutovacuumPaused& operator=(const AutovacuumPaused&) = delete;
+  int64_t Workers() {
+    return pg_.Int(
+        "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'");
+  }
+
+ private:
+  Pg pg_;
 };
 
 // "backfill: 123 rows in 45 transactions published" -> 123 (-1: no such line).
@@ -360,8 +388,14 @@ TEST_F(ResilienceBackfill, KillNineBeforeTheSnapshotIsStoredLosesNothing) {
 // and rows commit; t1 ends, so the builder reaches its second round and waits
 // for t2; t3 opens and rows commit; t2 ends, so the slot is consistent with
 // t3 running: xmin is t3's xid, xmax has stayed where t1 left it.
+// A commit that changes the catalog while t3 runs, before the consistent
+// point, raises xmax past t3 and the case is not made (an ANALYZE there gave
+// "1927:1929:1927" with t3 1927; autovacuum's did so once in CI on 16), so
+// autovacuum is paused for the rounds.
 TEST_F(ResilienceBackfill, SlotSnapshotWithXminAboveXmaxBackfillsWhatCommittedBefore) {
   CreateTables();
+  std::optional<AutovacuumPaused> autovacuum(std::in_place, env_.database_url);
+  ASSERT_EQ(autovacuum->Workers(), 0) << "autovacuum workers still running after a minute";
   Ledger ledger;
   std::mt19937_64 rng(11);
   Writer writer(Workload(), &ledger, -1, 51);
@@ -393,12 +427,14 @@ TEST_F(ResilienceBackfill, SlotSnapshotWithXminAboveXmaxBackfillsWhatCommittedBe
   open(t3, "open-t3");
   t2.Exec("COMMIT");
   ASSERT_TRUE(relay.WaitForLog("created replication slot", seconds(30))) << relay.LogTail();
+  autovacuum.reset();
   t3.Exec("COMMIT");
   for (int i = 0; i < 5; ++i) writer.Transaction(SmallTx(rng));
 
   ASSERT_TRUE(WaitStreaming(relay, seconds(60))) << relay.LogTail();
   EXPECT_NE(relay.Log().find("has xmin above xmax"), std::string::npos)
-      << "the slot's snapshot did not have xmin above xmax: the case is not made\n"
+      << "the slot's snapshot did not have xmin above xmax: the case is not made (snapshot "
+      << BackfillSnapshot(relay.Log()) << ")\n"
       << relay.LogTail();
   EXPECT_EQ(WaitAllAcked(seconds(30)), 0) << DescribeUnacked() << relay.LogTail();
   EXPECT_EQ(MisackedRows(), 0);
