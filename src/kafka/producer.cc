@@ -139,10 +139,6 @@ Result<std::map<std::string, std::string>> ProducerConfig(const ProducerOptions&
       {"queue.buffering.max.messages", "100000"},
       {"queue.buffering.max.kbytes", std::to_string(kMaxQueuedBytes / 1024)},
       {"socket.keepalive.enable", "true"},
-      // TCP_NODELAY, as the Java client and Go's net package set it: with
-      // Nagle a small request (a produce of one record, AddPartitionsToTxn,
-      // EndTxn) waits for the ACK of the one before it.
-      {"socket.nagle.disable", "true"},
   };
   if (!options.transactional_id.empty()) {
     // A transactional producer may not wait for a record longer than its

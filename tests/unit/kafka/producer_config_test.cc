@@ -16,7 +16,6 @@ TEST(ProducerConfig, DefaultsAreIdempotentAllAcksNoTimeoutSaramaPartitioner) {
   EXPECT_EQ(conf->at("message.timeout.ms"), "0") << "never give up on a record because of time";
   EXPECT_EQ(conf->at("partitioner"), "fnv1a_random");
   EXPECT_EQ(conf->at("linger.ms"), "3") << "a lone row must not wait 5 ms for company";
-  EXPECT_EQ(conf->at("socket.nagle.disable"), "true") << "a small request must not wait for an ACK";
 }
 
 TEST(ProducerConfig, UserPropertiesOverrideTuning) {
