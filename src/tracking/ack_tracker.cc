@@ -152,7 +152,13 @@ void AckTracker::AdvanceLocked() {
     Transaction* head = in_flight_.front().get();
     if (!head->delivered || !head->marked || head->seq >= failed_seq_) break;
     if (!head->abandoned) confirmed = std::max(confirmed, head->end_lsn.value());
+    if (head->abandoned) follow_when_drained_ = 0;  // it comes again: nothing past it
     in_flight_.pop_front();
+  }
+  if (in_flight_.empty() && !failure_) {
+    // A keepalive that came while these were in flight: its wal_end now holds.
+    confirmed = std::max(confirmed, follow_when_drained_);
+    follow_when_drained_ = 0;
   }
   confirmed_.store(confirmed, std::memory_order_release);
 }
@@ -160,6 +166,7 @@ void AckTracker::AdvanceLocked() {
 bool AckTracker::ResetConfirmed(Lsn position) {
   std::lock_guard lock(mu_);
   if (!in_flight_.empty()) return false;
+  follow_when_drained_ = 0;
   confirmed_.store(position.value(), std::memory_order_release);
   return true;
 }
@@ -176,7 +183,17 @@ bool AckTracker::FollowServer(Lsn wal_end) {
   // Between transactions: every commit before wal_end was received.
   idle_wal_end_.store(std::max(idle_wal_end_.load(std::memory_order_relaxed), wal_end.value()),
                       std::memory_order_relaxed);
-  if (!in_flight_.empty() || failure_) return false;
+  if (failure_) return false;
+  if (!in_flight_.empty()) {
+    // Followed once they are confirmed: otherwise the slot would wait for
+    // the next keepalive, which the server sends only once its WAL moves
+    // past the write position we report (idle_wal_end_ and beyond). Not
+    // when the newest one is still open (no commit seen).
+    if (in_flight_.back()->end_lsn.value() != 0) {
+      follow_when_drained_ = std::max(follow_when_drained_, wal_end.value());
+    }
+    return false;
+  }
   if (wal_end.value() <= confirmed_.load(std::memory_order_relaxed)) return false;
   confirmed_.store(wal_end.value(), std::memory_order_release);
   return true;
@@ -252,6 +269,7 @@ bool AckTracker::Restart() {
   std::lock_guard lock(mu_);
   if (!to_mark_.empty() || awaiting_mark_.load() != 0) return false;
   in_flight_.clear();
+  follow_when_drained_ = 0;
   rows_in_flight_.store(0, std::memory_order_relaxed);
   failure_.reset();
   failure_retryable_ = false;

@@ -211,6 +211,9 @@ class AckTracker {
   bool unsafe_confirm_newest_ = false;
   std::atomic<uint64_t> newest_end_{0};    // end of the last committed transaction received
   std::atomic<uint64_t> idle_wal_end_{0};  // wal_end of the last keepalive between transactions
+  // wal_end of a keepalive between transactions that came while some were in
+  // flight: confirmed once they all are (0: none). Guarded by mu_.
+  uint64_t follow_when_drained_ = 0;
 };
 
 }  // namespace outbox_relay::tracking

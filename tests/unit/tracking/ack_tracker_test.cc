@@ -121,11 +121,33 @@ TEST(AckTracker, IdleRuleFollowsServerOnlyWhenNothingIsInFlight) {
   EXPECT_EQ(t.confirmed(), Lsn(500));
   t.OnDelivered(a);
   MarkAll(t);
-  EXPECT_EQ(t.confirmed(), Lsn(600));
-  EXPECT_TRUE(t.FollowServer(Lsn(900)));
-  EXPECT_EQ(t.confirmed(), Lsn(900));
+  EXPECT_EQ(t.confirmed(), Lsn(900))
+      << "the keepalive seen while a was in flight holds once a is confirmed: the server sends "
+         "no other while its WAL stays where we reported it";
   EXPECT_FALSE(t.FollowServer(Lsn(800))) << "never backwards";
   EXPECT_EQ(t.confirmed(), Lsn(900));
+  Transaction* b = AddTx(t, 1000, 1);
+  EXPECT_FALSE(t.FollowServer(Lsn(1100)));
+  Transaction* c = AddTx(t, 1200, 1);  // after the keepalive
+  t.OnDelivered(b);
+  MarkAll(t);
+  EXPECT_EQ(t.confirmed(), Lsn(1000)) << "c is still in flight";
+  t.OnDelivered(c);
+  MarkAll(t);
+  EXPECT_EQ(t.confirmed(), Lsn(1200));
+}
+
+TEST(AckTracker, KeepaliveSeenBeforeAnAbandonedTransactionIsNotFollowed) {
+  AckTracker t(Lsn(1));
+  Transaction* a = AddTx(t, 100, 1);
+  EXPECT_FALSE(t.FollowServer(Lsn(150)));
+  Transaction* open = t.Begin(Lsn(199), PgTimestamp{}, 8);
+  t.AddMessage(open);
+  t.Abandon(open);  // the stream broke: it comes again from the slot
+  t.OnDelivered(open);
+  t.OnDelivered(a);
+  MarkAll(t);
+  EXPECT_EQ(t.confirmed(), Lsn(100)) << "nothing past what comes again";
 }
 
 TEST(AckTracker, OpenTransactionWithoutRowsStillBlocksTheIdleRule) {
