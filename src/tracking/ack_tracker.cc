@@ -151,8 +151,11 @@ void AckTracker::AdvanceLocked() {
   while (!in_flight_.empty()) {
     Transaction* head = in_flight_.front().get();
     if (!head->delivered || !head->marked || head->seq >= failed_seq_) break;
-    if (!head->abandoned) confirmed = std::max(confirmed, head->end_lsn.value());
-    if (head->abandoned) follow_when_drained_ = 0;  // it comes again: nothing past it
+    if (head->abandoned) {
+      follow_when_drained_ = 0;  // it comes again: nothing past it
+    } else {
+      confirmed = std::max(confirmed, head->end_lsn.value());
+    }
     in_flight_.pop_front();
   }
   if (in_flight_.empty() && !failure_) {
