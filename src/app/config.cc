@@ -115,7 +115,8 @@ void AddRunFlags(CLI::App& app, RelayConfig& c) {
       "for consumers with isolation.level=read_committed)");
   app.add_option("--transactional-id", c.transactional_id,
                  "Exactly-once: the producer's transactional.id (empty: outbox-relay.<system "
-                 "id>.<database>.<slot>, so relays of different databases never share one)")
+                 "id>.<database>.<slot>, so relays of different databases never share one); the "
+                 "relay also uses it with '.2' appended (grant both, or a prefixed ACL)")
       ->envname("OUTBOX_TRANSACTIONAL_ID");
   app.add_option("--progress-topic", c.progress_topic,
                  "Exactly-once: compacted topic of the relay's progress, written in each Kafka "

@@ -607,6 +607,7 @@ Result<std::unique_ptr<kafka::Sink>> Relay::MakeRelaySink() {
   kafka::ProducerOptions opts = ProducerOptionsOf(config_);
   opts.transactional_id = transactional_id_;
   opts.transaction_timeout = milliseconds(config_.transaction_timeout_ms);
+  opts.transaction_interval = milliseconds(config_.txn_interval_ms);
   opts.batch_size = required_batch_size_;
   auto producer = kafka::KafkaProducer::Create(opts, publisher_->DeliveryCallback(), on_error);
   if (!producer) return std::unexpected(producer.error());

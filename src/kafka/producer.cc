@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <array>
 #include <charconv>
 
@@ -102,7 +103,8 @@ struct KafkaProducer::Lane {
   int64_t batch_size = 0;
   KafkaHandle rk;
   std::thread poller;
-  Delivery scratch;  // reused by this lane's poller only
+  Delivery scratch;                       // reused by this lane's poller only
+  bool transactions_initialised = false;  // InitTransactions succeeded on this lane
 };
 
 // A topic the loop has produced to. Written by the admin thread until
@@ -111,6 +113,7 @@ struct KafkaProducer::TopicState {
   bool ready = false;  // guarded by topics_mu_
   Lane* lane = nullptr;
   TopicHandle rkt;                           // on `lane`; null: librdkafka refused the name
+  TopicHandle twin_rkt;                      // transactional: on the twin lane
   std::string rkt_error;                     // why, when rkt is null
   std::optional<int64_t> max_message_bytes;  // nullopt: unknown
 };
@@ -145,6 +148,8 @@ Result<std::map<std::string, std::string>> ProducerConfig(const ProducerOptions&
     // transaction may stay open; a record that times out fails (aborts) the
     // transaction, and the slot sends it again.
     conf["message.timeout.ms"] = std::to_string(options.transaction_timeout.count());
+    conf["linger.ms"] = std::to_string(std::clamp(options.transaction_interval.count(), int64_t{3},
+                                                  int64_t{kMaxTransactionLinger.count()}));
   }
   for (const auto& [key, value] : options.properties) {
     auto ok = CheckGuarantee(key, value);
@@ -178,6 +183,12 @@ Result<std::unique_ptr<KafkaProducer>> KafkaProducer::Create(const ProducerOptio
   auto lane = p->LaneWithBatchSize(p->batch_size_);
   if (!lane) return std::unexpected(lane.error());
   p->default_lane_ = *lane;
+  if (p->transactional()) {
+    std::lock_guard lock(p->lanes_mu_);
+    auto twin = p->AddLaneLocked(p->batch_size_, TwinTransactionalId(options.transactional_id));
+    if (!twin) return std::unexpected(twin.error());
+    p->twin_lane_ = *twin;
+  }
   p->admin_ = std::thread([raw = p.get()] { raw->AdminLoop(); });
   return p;
 }
@@ -187,6 +198,11 @@ Result<KafkaProducer::Lane*> KafkaProducer::LaneWithBatchSize(int64_t batch_size
   for (const auto& lane : lanes_) {
     if (lane->batch_size == batch_size) return lane.get();
   }
+  return AddLaneLocked(batch_size, "");
+}
+
+Result<KafkaProducer::Lane*> KafkaProducer::AddLaneLocked(int64_t batch_size,
+                                                          const std::string& transactional_id) {
   KafkaConfHandle conf(rd_kafka_conf_new());
   std::array<char, 512> errstr{};
   auto set = [&](const std::string& key, const std::string& value) -> Status {
@@ -202,6 +218,11 @@ Result<KafkaProducer::Lane*> KafkaProducer::LaneWithBatchSize(int64_t batch_size
   }
   if (!lanes_.empty()) {
     if (auto st = set("batch.size", std::to_string(batch_size)); !st) {
+      return std::unexpected(st.error());
+    }
+  }
+  if (!transactional_id.empty()) {
+    if (auto st = set("transactional.id", transactional_id); !st) {
       return std::unexpected(st.error());
     }
   }
@@ -239,7 +260,7 @@ Result<KafkaProducer::Lane*> KafkaProducer::LaneWithBatchSize(int64_t batch_size
       }
     }
   });
-  if (!lanes_.empty()) {
+  if (!lanes_.empty() && transactional_id.empty()) {
     spdlog::info(
         "kafka: a second producer lane with batch.size {} for topics with a smaller "
         "max.message.bytes",
@@ -338,10 +359,19 @@ void KafkaProducer::PrepareTopic(const std::string& name) {
   }
   TopicHandle rkt(rd_kafka_topic_new(lane->rk.get(), name.c_str(), nullptr));
   std::string rkt_error = rkt ? "" : rd_kafka_err2str(rd_kafka_last_error());  // this thread's
+  TopicHandle twin_rkt;
+  if (rkt && twin_lane_ != nullptr) {
+    twin_rkt.reset(rd_kafka_topic_new(twin_lane_->rk.get(), name.c_str(), nullptr));
+    if (!twin_rkt) {
+      rkt_error = rd_kafka_err2str(rd_kafka_last_error());
+      rkt.reset();
+    }
+  }
   std::lock_guard lock(topics_mu_);
   TopicState& state = *topics_.at(name);
   state.lane = lane;
   state.rkt = std::move(rkt);
+  state.twin_rkt = std::move(twin_rkt);
   state.rkt_error = std::move(rkt_error);
   state.max_message_bytes = max_message_bytes;
   state.ready = true;
@@ -375,6 +405,11 @@ Result<Sink::Accepted> KafkaProducer::Produce(const outbox::KafkaRecord& record,
                 record.topic, wanted);
   }
   rd_kafka_t* rk = topic->lane->rk.get();
+  rd_kafka_topic_t* rkt = topic->rkt.get();
+  if (twin_lane_ != nullptr && twin_active_.load(std::memory_order_relaxed)) {
+    rk = twin_lane_->rk.get();
+    rkt = topic->twin_rkt.get();
+  }
   HeadersHandle headers(rd_kafka_headers_new(record.headers.size()));
   int64_t bytes = 0;
   for (const auto& [name, value] : record.headers) {
@@ -391,7 +426,7 @@ Result<Sink::Accepted> KafkaProducer::Produce(const outbox::KafkaRecord& record,
   size_t value_len = record.value ? record.value->size() : 0;
   if (record.value && value == nullptr) value = "";
   rd_kafka_resp_err_t err = rd_kafka_producev(
-      rk, RD_KAFKA_V_RKT(topic->rkt.get()), RD_KAFKA_V_PARTITION(RD_KAFKA_PARTITION_UA),
+      rk, RD_KAFKA_V_RKT(rkt), RD_KAFKA_V_PARTITION(RD_KAFKA_PARTITION_UA),
       RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_KEY(key, key_len),
       RD_KAFKA_V_VALUE(const_cast<void*>(value), value_len), RD_KAFKA_V_HEADERS(headers.get()),
       RD_KAFKA_V_OPAQUE(opaque), RD_KAFKA_V_END);
@@ -417,7 +452,8 @@ Result<Sink::Accepted> KafkaProducer::Produce(const outbox::KafkaRecord& record,
 
 void KafkaProducer::InjectFatalErrorForTest() {
   if constexpr (failpoint::kCompiledIn) {
-    rd_kafka_test_fatal_error(handle(), RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
+    rd_kafka_test_fatal_error(TransactionLane()->rk.get(),
+                              RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
                               "injected by OUTBOX_TEST_FAULT");
   }
 }
@@ -621,35 +657,72 @@ Error TxnError(rd_kafka_error_t* error, std::string_view what) {
 
 }  // namespace
 
+std::string TwinTransactionalId(const std::string& transactional_id) {
+  return transactional_id + ".2";
+}
+
+KafkaProducer::Lane* KafkaProducer::TransactionLane() const {
+  return twin_lane_ != nullptr && twin_active_.load(std::memory_order_relaxed) ? twin_lane_
+                                                                               : default_lane_;
+}
+
 Status KafkaProducer::InitTransactions(std::chrono::milliseconds timeout) {
-  if (rd_kafka_error_t* e =
-          rd_kafka_init_transactions(handle(), static_cast<int>(timeout.count()))) {
-    return std::unexpected(TxnError(e, "Kafka: init transactions"));
+  // Both transactional.ids: each fences its earlier producers and completes
+  // what they left open, whichever of the two a predecessor was using.
+  // A lane done in an earlier call (the other one timed out) is not asked
+  // again: librdkafka refuses a second init of a ready producer.
+  for (Lane* lane : {default_lane_, twin_lane_}) {
+    if (lane == nullptr || lane->transactions_initialised) continue;
+    if (rd_kafka_error_t* e =
+            rd_kafka_init_transactions(lane->rk.get(), static_cast<int>(timeout.count()))) {
+      return std::unexpected(TxnError(
+          e,
+          fmt::format("Kafka: init transactions of transactional.id {} (the relay uses {} and "
+                      "{}: grant both, or a prefixed ACL)",
+                      lane == twin_lane_ ? TwinTransactionalId(options_.transactional_id)
+                                         : options_.transactional_id,
+                      options_.transactional_id, TwinTransactionalId(options_.transactional_id))));
+    }
+    lane->transactions_initialised = true;
   }
+  twin_active_.store(false);
   return Ok();
 }
 
 Status KafkaProducer::BeginTransaction() {
-  if (rd_kafka_error_t* e = rd_kafka_begin_transaction(handle())) {
+  if (rd_kafka_error_t* e = rd_kafka_begin_transaction(TransactionLane()->rk.get())) {
     return std::unexpected(TxnError(e, "Kafka: begin transaction"));
   }
   return Ok();
 }
 
 Status KafkaProducer::CommitTransaction(std::chrono::milliseconds timeout) {
-  if (rd_kafka_error_t* e =
-          rd_kafka_commit_transaction(handle(), static_cast<int>(timeout.count()))) {
+  if (rd_kafka_error_t* e = rd_kafka_commit_transaction(TransactionLane()->rk.get(),
+                                                        static_cast<int>(timeout.count()))) {
     return std::unexpected(TxnError(e, "Kafka: commit transaction"));
   }
+  SwitchLanes();
   return Ok();
 }
 
 Status KafkaProducer::AbortTransaction(std::chrono::milliseconds timeout) {
-  if (rd_kafka_error_t* e =
-          rd_kafka_abort_transaction(handle(), static_cast<int>(timeout.count()))) {
+  if (rd_kafka_error_t* e = rd_kafka_abort_transaction(TransactionLane()->rk.get(),
+                                                       static_cast<int>(timeout.count()))) {
     return std::unexpected(TxnError(e, "Kafka: abort transaction"));
   }
+  SwitchLanes();
   return Ok();
+}
+
+void KafkaProducer::SwitchLanes() {
+  // The coordinator answers the EndTxn before it has written the ended
+  // transaction's markers, and refuses that transactional.id's next
+  // AddPartitionsToTxn (CONCURRENT_TRANSACTIONS) until it has; librdkafka
+  // then retries 20 ms later, and the next transaction's records wait unsent
+  // meanwhile. Its twin has had a whole transaction to finish its markers.
+  // Every record of the ended transaction is acknowledged (the commit
+  // flushed, an abort purged), so no record of the next one overtakes it.
+  if (twin_lane_ != nullptr) twin_active_.store(!twin_active_.load());
 }
 
 std::optional<int64_t> KafkaProducer::RequiredBatchSize() const {

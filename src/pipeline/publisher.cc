@@ -389,7 +389,10 @@ Status Publisher::Tick(bool force) {
   }
   if (!txn_open_) return Ok();
   auto now = std::chrono::steady_clock::now();
-  if (force || txn_rows_ >= txn_->max_rows || now - txn_started_ >= txn_->interval) {
+  // A full in-flight window commits at once: its records wait for nothing
+  // else (the transactional linger is the interval; the commit sends them).
+  if (force || txn_rows_ >= txn_->max_rows || now - txn_started_ >= txn_->interval ||
+      InFlightFull()) {
     return StartCommit();
   }
   return Ok();

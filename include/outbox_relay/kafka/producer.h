@@ -20,6 +20,15 @@
 // where the limit could not be read, a refused batch stops the relay with the
 // setting to change, and nothing is dead-lettered.
 //
+// Transactions. The coordinator answers a commit before it has written the
+// transaction's markers, and refuses the same transactional.id's next
+// AddPartitionsToTxn until they are written; librdkafka retries 20 ms later,
+// and the next transaction's records wait unsent meanwhile. So a
+// transactional producer is two librdkafka instances, under the
+// transactional.id and its twin, taking consecutive transactions in turn:
+// each begins after the other's commit returned (all its records
+// acknowledged), so partition order holds. InitTransactions fences both ids.
+//
 // Threads: Produce from one thread (the relay's loop); one poller thread per
 // lane serves that lane's delivery reports (the DeliveryCallback may run on
 // two threads at once when a second lane exists); one admin thread.
@@ -47,6 +56,8 @@ namespace outbox_relay::kafka {
 // librdkafka's own bound on the bytes it queues (queue.buffering.max.kbytes);
 // the relay's --max-in-flight-bytes stays within it.
 inline constexpr int64_t kMaxQueuedBytes = int64_t{64} << 20;
+// The longest linger.ms a transactional producer takes from its interval.
+inline constexpr std::chrono::milliseconds kMaxTransactionLinger{100};
 
 struct ProducerOptions {
   std::string brokers;
@@ -61,12 +72,19 @@ struct ProducerOptions {
   // wait for the brokers before its records go out with the default batch
   // size anyway.
   std::chrono::milliseconds admin_timeout{10000};
-  // Transactional mode (exactly-once): the producer's transactional.id. One
-  // librdkafka instance then (no lanes: a transaction is one producer's);
-  // a topic whose limit is below batch.size makes Produce fail with
-  // RequiredBatchSize() set: start again with that batch_size.
+  // Transactional mode (exactly-once): the producer's transactional.id. Two
+  // librdkafka instances then, one under this id and one under its twin
+  // (TwinTransactionalId), taking consecutive transactions in turn; no lanes
+  // by batch size (a transaction is one producer's): a topic whose limit is
+  // below batch.size makes Produce fail with RequiredBatchSize() set: start
+  // again with that batch_size.
   std::string transactional_id;
   std::chrono::milliseconds transaction_timeout{60000};
+  // Transactional: how often the relay commits (--txn-interval-ms). Records
+  // are invisible until the commit, which sends what linger holds at once: a
+  // linger as long (at most kMaxTransactionLinger) costs no visibility and
+  // makes one batch per partition and transaction instead of one every 3 ms.
+  std::chrono::milliseconds transaction_interval{20};
   int64_t batch_size = 0;  // 0: the properties' batch.size, else librdkafka's default
 };
 
@@ -74,6 +92,9 @@ struct ProducerOptions {
 // property that is unknown, has a bad value, or breaks the guarantees; the
 // message never repeats a value (it may be a secret).
 Result<std::map<std::string, std::string>> ProducerConfig(const ProducerOptions& options);
+
+// The second transactional.id of a transactional producer: `transactional_id` + ".2".
+std::string TwinTransactionalId(const std::string& transactional_id);
 
 class KafkaProducer final : public Sink {
  public:
@@ -125,6 +146,11 @@ class KafkaProducer final : public Sink {
   static void OnLog(const rd_kafka_t* rk, int level, const char* fac, const char* buf);
   // A lane with this batch.size (created on first use); nullptr on failure.
   Result<Lane*> LaneWithBatchSize(int64_t batch_size);
+  // A new lane (lanes_mu_ held); `transactional_id` overrides the setting.
+  Result<Lane*> AddLaneLocked(int64_t batch_size, const std::string& transactional_id);
+  // Transactional: the lane whose transaction is open or next.
+  Lane* TransactionLane() const;
+  void SwitchLanes();
   void AdminLoop();
   // Creates (--create-topics) and sizes `name`.
   void PrepareTopic(const std::string& name);
@@ -139,6 +165,10 @@ class KafkaProducer final : public Sink {
   std::mutex lanes_mu_;  // guards lanes_ growth; lanes are never removed before destruction
   std::vector<std::unique_ptr<Lane>> lanes_;  // [0] is the default lane
   Lane* default_lane_ = nullptr;              // lanes_[0], set once by Create
+  // Transactional: lanes_[1], the same producer under the twin
+  // transactional.id; consecutive transactions alternate between the two.
+  Lane* twin_lane_ = nullptr;
+  std::atomic<bool> twin_active_{false};
 
   std::mutex topics_mu_;
   std::condition_variable prepare_cv_;

@@ -144,7 +144,8 @@ class Publisher {
   void EnableTransactions(TransactionOptions options, kafka::KafkaProducer* producer,
                           KafkaProgress committed);
   bool transactional() const { return txn_.has_value(); }
-  // Commits the open Kafka transaction when it is due (or `force`), and
+  // Commits the open Kafka transaction when it is due (its interval, its
+  // rows, or a full in-flight window; or `force`), and
   // finishes a commit or an abort in progress. kAborted: the open Kafka
   // transaction was aborted and the session must end; kFatal (fenced).
   Status Tick(bool force = false);

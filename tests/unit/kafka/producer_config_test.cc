@@ -27,6 +27,25 @@ TEST(ProducerConfig, UserPropertiesOverrideTuning) {
   EXPECT_EQ(conf->at("security.protocol"), "ssl");
 }
 
+TEST(ProducerConfig, TransactionalLingerFollowsTheCommitInterval) {
+  // Invisible until the commit, which sends what linger holds: one batch per
+  // partition and transaction, not one every 3 ms.
+  auto at = [](std::chrono::milliseconds interval,
+               std::vector<std::pair<std::string, std::string>> props = {}) {
+    ProducerOptions o{"k:9092", std::move(props)};
+    o.transactional_id = "t";
+    o.transaction_interval = interval;
+    auto conf = ProducerConfig(o);
+    EXPECT_TRUE(conf);
+    return conf ? conf->at("linger.ms") : std::string();
+  };
+  EXPECT_EQ(at(std::chrono::milliseconds(20)), "20");
+  EXPECT_EQ(at(std::chrono::milliseconds(1)), "3");
+  EXPECT_EQ(at(std::chrono::milliseconds(5000)), std::to_string(kMaxTransactionLinger.count()));
+  EXPECT_EQ(at(std::chrono::milliseconds(20), {{"linger.ms", "7"}}), "7") << "the user's wins";
+  EXPECT_EQ(ProducerConfig({"k:9092", {}})->at("linger.ms"), "3") << "at-least-once: unchanged";
+}
+
 TEST(ProducerConfig, RefusesAcksBelowAll) {
   for (const char* key : {"acks", "request.required.acks"}) {
     auto conf = ProducerConfig({"k:9092", {{key, "1"}}});
