@@ -38,13 +38,21 @@ std::string Marker::MarkSql(const MarkerOptions& o) {
   // statistics say it is nearly empty — so the planner scanned all of it for
   // every transaction of a batch: 2.2 ms per transaction on a table with
   // 67,000 stale entries, against 0.07 ms by primary key.
+  //
+  // The UPDATE joins the runs and nothing else: each run's visibility is
+  // tested on the run itself, not by a join with the visible transactions.
+  // With that second join the planner could put the table between the two
+  // and compare every row found with every run of the batch: 3,998,000
+  // comparisons and 0.42 s for a batch of 2,000 one-row transactions, against
+  // 20 ms with one primary-key probe per run.
   const std::string marked = o.acked_column.empty()
                                  ? std::string("SELECT 1 WHERE false")
                                  : fmt::format(
                                        "UPDATE {table} o SET {acked} = o.{offset} FROM runs r"
                                        " WHERE o.{xid} = r.x AND o.{offset} BETWEEN r.first AND "
                                        "r.last AND (o.{acked} + 0) IS NULL"
-                                       " AND r.x IN (SELECT x FROM visible) RETURNING 1",
+                                       " AND pg_visible_in_snapshot(r.x, pg_current_snapshot())"
+                                       " RETURNING 1",
                                        fmt::arg("table", o.table.Quoted()),
                                        fmt::arg("acked", pg::QuoteIdent(o.acked_column)),
                                        fmt::arg("offset", pg::QuoteIdent(o.offset_column)),

@@ -192,6 +192,31 @@ TEST_F(Marking, StatementsGatherTheTransactionsOfTheInterval) {
   EXPECT_EQ(relay.Wait(seconds(30)), std::optional<int>(0)) << relay.LogTail();
 }
 
+// The marker's session, as Marker::Connect sets it up, with the statement
+// prepared as "mark"; and outbox_relay.commits, as a relay creates it.
+void PrepareMarker(const std::string& database_url, const std::string& table, Pg* marker) {
+  auto conn = outbox_relay::pg::Connection::Open(
+      database_url, outbox_relay::pg::Connection::Mode::kNormal, "outbox-it");
+  ASSERT_TRUE(conn) << conn.error().message;
+  auto made = outbox_relay::pg::EnsureRelaySchema(*conn);
+  ASSERT_TRUE(made) << made.error().message;
+  outbox_relay::marker::MarkerOptions options;
+  options.table = outbox_relay::pg::QualifiedName{"public", table};
+  marker->Exec(outbox_relay::marker::Marker::kSessionSettings);
+  marker->Exec(fmt::format(
+      "PREPARE mark(xid8[], bigint[], bigint[], text, pg_lsn[], pg_lsn[], text[], bigint[], "
+      "int[]) AS {}",
+      outbox_relay::marker::Marker::MarkSql(options)));
+}
+
+std::string Plan(Pg& marker, const std::string& args) {
+  std::string plan;
+  for (const Row& line : marker.Query("EXPLAIN (COSTS OFF) EXECUTE mark" + args)) {
+    plan += line[0].value_or("") + "\n";
+  }
+  return plan;
+}
+
 // The seed's partial index on offset_acked IS NULL keeps an entry for every
 // row inserted since the table was last vacuumed: a row enters it as NULL,
 // and marking moves the row out but not the entry. Statistics say the index
@@ -218,29 +243,13 @@ TEST_F(Marking, TheStatementFindsRowsByPrimaryKeyNotByTheUnackedIndex) {
   ASSERT_EQ(rows.size(), 1u);
   const std::string xid = *rows[0][0], first = *rows[0][1], last = *rows[0][2];
 
-  {  // outbox_relay.commits, as a relay creates it
-    auto conn = outbox_relay::pg::Connection::Open(
-        env_.database_url, outbox_relay::pg::Connection::Mode::kNormal, "outbox-it");
-    ASSERT_TRUE(conn) << conn.error().message;
-    auto made = outbox_relay::pg::EnsureRelaySchema(*conn);
-    ASSERT_TRUE(made) << made.error().message;
-  }
-  outbox_relay::marker::MarkerOptions options;
-  options.table = outbox_relay::pg::QualifiedName{"public", name_};
   Pg marker(env_.database_url);
-  marker.Exec(outbox_relay::marker::Marker::kSessionSettings);
-  marker.Exec(fmt::format(
-      "PREPARE mark(xid8[], bigint[], bigint[], text, pg_lsn[], pg_lsn[], text[], bigint[], "
-      "int[]) AS {}",
-      outbox_relay::marker::Marker::MarkSql(options)));
+  ASSERT_NO_FATAL_FAILURE(PrepareMarker(env_.database_url, name_, &marker));
   const std::string args = fmt::format(
       "('{{{0}}}', '{{{1}}}', '{{{2}}}', {3}, '{{FF/1}}', '{{FF/2}}', '{{\"{{{0}}}\"}}', "
       "'{{1}}', '{{3}}')",
       xid, first, last, QuoteLiteral(name_));
-  std::string plan;
-  for (const Row& line : marker.Query("EXPLAIN (COSTS OFF) EXECUTE mark" + args)) {
-    plan += line[0].value_or("") + "\n";
-  }
+  std::string plan = Plan(marker, args);
   EXPECT_EQ(plan.find(name_ + "_acked"), std::string::npos)
       << "the marking UPDATE scans the partial index on offset_acked IS NULL:\n"
       << plan;
@@ -251,6 +260,78 @@ TEST_F(Marking, TheStatementFindsRowsByPrimaryKeyNotByTheUnackedIndex) {
   EXPECT_EQ(UnackedRows(), 0);
   db_->Exec(
       fmt::format("DELETE FROM outbox_relay.commits WHERE slot_name = {}", QuoteLiteral(name_)));
+}
+
+// Plans chosen for each statement's own arrays depend on where its
+// transactions fall in the table's statistics. On a table of 40,000 one-row
+// transactions, a batch of 250 from the middle (a drain's) got a sequential
+// scan of the whole table, 2.7 times the CPU of probing the primary key, and
+// other batches a nested loop that compared every row found with every run of
+// the batch (work growing with the square of the batch). A batch of any size,
+// anywhere in the table, must cost one primary-key probe per run (issue 13).
+TEST_F(Marking, ABatchProbesThePrimaryKeyOncePerRunWhereverItsRowsAre) {
+  CreateTables();
+  const std::string table = QuoteIdent(name_);
+  constexpr int kTransactions = 40000;
+  // One row per transaction, as a service writes them. (A DO block may commit
+  // only when it is the whole query string.)
+  Pg writer(env_.database_url);
+  writer.Exec("SET synchronous_commit = off");
+  writer.Exec(fmt::format(
+      "DO $$ BEGIN FOR i IN 1..{1} LOOP INSERT INTO {0} (uuid, payload, metadata) VALUES "
+      "(gen_random_uuid()::text, '{{}}', '{{}}'); COMMIT; END LOOP; END $$",
+      table, kTransactions));
+  db_->Exec(fmt::format("UPDATE {} SET offset_acked = offset_consumed", table));
+  Pg marker(env_.database_url);
+  ASSERT_NO_FATAL_FAILURE(PrepareMarker(env_.database_url, name_, &marker));
+  struct Batch {
+    int size;
+    int after;  // rows before the batch's first, by offset_consumed
+  };
+  for (Batch batch : {Batch{250, 1000}, Batch{250, 20000}, Batch{2000, 10000}, Batch{1, 30000},
+                      Batch{250, kTransactions - 250}}) {
+    SCOPED_TRACE(fmt::format("{} transactions after {}", batch.size, batch.after));
+    db_->Exec(fmt::format(
+        "UPDATE {0} SET offset_acked = NULL WHERE offset_consumed IN (SELECT offset_consumed "
+        "FROM {0} ORDER BY offset_consumed OFFSET {1} LIMIT {2})",
+        table, batch.after, batch.size));
+    db_->Exec("VACUUM ANALYZE " + table);
+    std::vector<Row> runs = db_->Query(fmt::format(
+        "SELECT string_agg(transaction_id::text, ',' ORDER BY offset_consumed), "
+        "string_agg(offset_consumed::text, ',' ORDER BY offset_consumed), "
+        "string_agg(format('0/%s', to_hex(offset_consumed * 64)), ',' ORDER BY offset_consumed), "
+        "string_agg(format('\"{{%s}}\"', transaction_id), ',' ORDER BY offset_consumed), "
+        "string_agg('1', ',') FROM {0} WHERE offset_acked IS NULL",
+        table));
+    ASSERT_EQ(runs.size(), 1u);
+    const std::string args = fmt::format(
+        "('{{{0}}}', '{{{1}}}', '{{{1}}}', {2}, '{{{3}}}', '{{{3}}}', '{{{4}}}', '{{{5}}}', "
+        "'{{{5}}}')",
+        *runs[0][0], *runs[0][1], QuoteLiteral(name_), *runs[0][2], *runs[0][3], *runs[0][4]);
+    // The statement runs once, under EXPLAIN ANALYZE: its plan and its work.
+    std::string plan;
+    int64_t compared_in_vain = 0;  // rows a join looked at and threw away
+    for (const Row& line :
+         marker.Query("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) EXECUTE mark" + args)) {
+      const std::string text = line[0].value_or("");
+      plan += text + "\n";
+      constexpr std::string_view kRemoved = "Rows Removed by Join Filter: ";
+      if (size_t at = text.find(kRemoved); at != std::string::npos) {
+        compared_in_vain += std::stoll(text.substr(at + kRemoved.size()));
+      }
+    }
+    EXPECT_EQ(plan.find("Seq Scan on " + name_), std::string::npos)
+        << "the marking UPDATE reads the whole table:\n"
+        << plan;
+    EXPECT_NE(plan.find(name_ + "_pk"), std::string::npos) << plan;
+    EXPECT_LE(compared_in_vain, batch.size) << plan;
+    EXPECT_EQ(UnackedRows(), 0) << plan;
+    EXPECT_EQ(db_->Int("SELECT count(*) FROM outbox_relay.commits WHERE slot_name = $1", {name_}),
+              batch.size)
+        << "transactions indexed";
+    db_->Exec(
+        fmt::format("DELETE FROM outbox_relay.commits WHERE slot_name = {}", QuoteLiteral(name_)));
+  }
 }
 
 }  // namespace
