@@ -127,14 +127,22 @@ void Marker::Loop() {
   auto backoff = std::chrono::milliseconds(100);
   auto waiting_since = std::chrono::steady_clock::time_point{};
   bool warned = false;
+  uint64_t last_rows = 0;  // rows of the last statement's batch
+  auto rows_of = [](const std::vector<tracking::Transaction*>& txs) {
+    uint64_t n = 0;
+    for (const tracking::Transaction* tx : txs) n += tx->rows_seen;
+    return n;
+  };
   while (true) {
     batch.assign(not_visible.begin(), not_visible.end());
     not_visible.clear();
     // Only transactions waiting to become visible: look again soon.
     auto wait = batch.empty() ? std::chrono::milliseconds(50) : std::chrono::milliseconds(2);
     tracker_->TakeDelivered(&batch, std::max(options_.batch_max, batch.size()), wait);
+    const bool worth_a_statement = last_rows >= options_.rows_worth_a_statement ||
+                                   rows_of(batch) >= options_.rows_worth_a_statement;
     if (!batch.empty() && batch.size() < options_.batch_max && options_.interval.count() > 0 &&
-        !stopping_.load()) {
+        !worth_a_statement && !stopping_.load()) {
       // Batch by time: what is delivered meanwhile joins this statement.
       tracker_->WaitDelivered(options_.batch_max - batch.size(), options_.interval);
       tracker_->TakeDelivered(&batch, options_.batch_max, std::chrono::milliseconds(0));
@@ -170,6 +178,7 @@ void Marker::Loop() {
       backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
     }
     backoff = std::chrono::milliseconds(100);
+    last_rows = rows_of(batch);
     tracker_->OnMarked(marked);
     if (not_visible.empty()) {
       waiting_since = {};
