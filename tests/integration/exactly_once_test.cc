@@ -389,11 +389,16 @@ TEST_F(ExactlyOnce, TheTransactionAfterACommitIsNotRefusedAsConcurrent) {
       "{} Kafka transactions under a steady stream; the coordinator refused {} "
       "AddPartitionsToTxn as concurrent with the previous commit\n",
       commits, refused);
-  ASSERT_GE(commits, 40) << "not a steady stream of Kafka transactions\n" << relay.LogTail();
+  ASSERT_GE(commits, 20) << "not a steady stream of Kafka transactions\n" << relay.LogTail();
   ASSERT_NE(log.find("Registering partitions with transaction"), std::string::npos)
       << "no eos debug log: the count says nothing\n"
       << relay.LogTail();
-  EXPECT_LE(refused * 10, commits)
+  // One id refused 82 of 117 transactions (70 %); two ids 0 of 111 and 0 of
+  // 155 on a quiet machine, and 5 of 40 in a full CI run, where images are
+  // built beside the tests and the coordinator is sometimes slower to write a
+  // commit's markers than two commit intervals. A quarter still tells them
+  // apart.
+  EXPECT_LE(refused * 4, commits)
       << "the next transaction's partitions were refused while the previous one's markers "
          "were written: its records waited librdkafka's 20 ms retry";
   relay.Terminate();
