@@ -1338,6 +1338,10 @@ END $$;
                 "contenders": {}}
         self.result["live"] = live
         plan = []
+        # The walsender's own bill at each rate (target 1): pg_recvlogical decoding the same
+        # publication, writing nothing anywhere; every relay walsender figure compares to it.
+        if self.wanted("pg_recvlogical"):
+            plan.append(("pg_recvlogical", a.rates, a.live_seconds))
         if self.wanted("relay"):
             plan.append(("relay", a.rates, a.live_seconds))
         if a.eos_rates and self.wanted("relay-eos"):
@@ -1413,8 +1417,10 @@ END $$;
             self.create_slot(slot)
         topic_base = f"{self.topic_prefix}live.{name}"
         topic = f"{topic_base}.review"
-        # The broker stamps each record with its append time: that is the ack time we use.
-        self.create_topic(topic, "message.timestamp.type=LogAppendTime")
+        recvlogical = kind == "pg_recvlogical"
+        if not recvlogical:
+            # The broker stamps each record with its append time: the ack time we use.
+            self.create_topic(topic, "message.timestamp.type=LogAppendTime")
         logname = f"{kind}-live.log" if name == kind else f"{kind}-live-{name}.log"
         extra = self.eos_flags(topic_base) if eos else []
         visible = None
@@ -1424,6 +1430,15 @@ END $$;
                                          os.path.join(self.out, f"kcat-visible-{name}.log"))
             proc, port = self.start_relay(slot, topic_base + ".{Event-Type:aggregate}", "kafka",
                                           True, logname, extra)
+        elif recvlogical:
+            # Status every second, as the relay's --status-interval-ms; -F 0: no fsync of
+            # /dev/null, the written position is reported as flushed.
+            cmd = [f"{self.pg_bin}/pg_recvlogical", "-d", self.db, "--slot", slot, "--start",
+                   "-o", "proto_version=1", "-o", f"publication_names={self.publication}",
+                   "-s", "1", "-F", "0", "-f", "/dev/null"]
+            with open(os.path.join(self.out, logname), "w") as logf:
+                proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT)
+            port = None
         else:
             proc, port = self.start_peer(name, slot, topic, logname, poll_ms=poll_ms,
                                          group=f"live-{name}")
@@ -1446,7 +1461,7 @@ END $$;
                         "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, "
                         "pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint "
                         f"FROM pg_replication_slots WHERE slot_name = '{slot}'") if slot else []
-                    m = scrape(port)
+                    m = scrape(port) if port else None
                     delivered = metric_sum(m, "events_published_total") if m else None
                     samples.append((time.time() - t_origin,
                                     int(row[0][0]) if row else None,
@@ -1456,7 +1471,7 @@ END $$;
                 stop_sampling.wait(0.5)
 
         def delivered_now():
-            m = scrape(port)
+            m = scrape(port) if port else None
             return metric_sum(m, "events_published_total") if m else None
 
         def wait_caught_up(rows_total, end_lsn, timeout):
@@ -1464,6 +1479,16 @@ END $$;
             while True:
                 if proc.poll() is not None:
                     raise BenchError(f"{name} exited with {proc.returncode} (see {logname})")
+                if recvlogical:  # the walsender has read (decoded) the WAL up to the end
+                    sent = self.sql.value("SELECT sent_lsn FROM pg_stat_replication WHERE "
+                                          f"pid = (SELECT active_pid FROM pg_replication_slots "
+                                          f"WHERE slot_name = '{slot}')")
+                    if sent and lsn_int(sent) >= end_lsn:
+                        return time.time()
+                    if time.time() > deadline:
+                        raise BenchError(f"{name} did not catch up within {timeout:.0f} s")
+                    time.sleep(0.05)
+                    continue
                 m = scrape(port)
                 if m is not None:
                     if kind == "relay":
@@ -1478,10 +1503,14 @@ END $$;
         try:
             deadline = time.time() + 60
             while True:
-                m = scrape(port)
-                if m is not None and (kind != "relay"
-                                      or metric_one(m, "outbox_relay_streaming") == 1):
-                    break
+                if recvlogical:
+                    if self.walsender_pid(slot) is not None:
+                        break
+                else:
+                    m = scrape(port)
+                    if m is not None and (kind != "relay"
+                                          or metric_one(m, "outbox_relay_streaming") == 1):
+                        break
                 if proc.poll() is not None or time.time() > deadline:
                     raise BenchError(f"{name} did not start (see {logname})")
                 time.sleep(0.1)
@@ -1507,7 +1536,7 @@ END $$;
                 rate = rate_inserts(label, capacity)
                 self.note_load(f"live {name} {label}")
                 log(f"  {name}: {label} = {rate:,} inserts/s for {seconds} s")
-                hist0 = histogram_buckets(scrape(port) or {},
+                hist0 = histogram_buckets((scrape(port) if port else None) or {},
                                           "outbox_relay_commit_to_ack_seconds")
                 rows0 = int(self.sql.value("SELECT count(*) FROM outbox"))
                 del0 = delivered_now()
@@ -1605,6 +1634,8 @@ END $$;
                 r["retained_wal_bytes_max"] = max(s[1] for s in window)
                 r["retained_wal_bytes_mean"] = sum(s[1] for s in window) / len(window)
                 r["unconfirmed_wal_bytes_max"] = max(s[2] for s in window)
+        if recvlogical:  # nothing goes to Kafka: no latency
+            return entry
         self.live_latency(entry, name, topic, UUID_HEADER[kind], read_committed=eos,
                           visible=visible)
         return entry
@@ -1771,6 +1802,11 @@ END $$;
                           "sampler) " + " and ".join(limits),
                 "value": relay["sessions_total"], "met": met,
                 "detail": {k: round(v, 1) for k, v in relay["by_session"].items()}}
+            # What decoding alone costs at this rate, for any logical-replication client.
+            recv = cost["contenders"].get("pg_recvlogical", {}).get(label)
+            if recv:
+                t[f"1_db_cost_{label}"]["walsender_of_pg_recvlogical"] = round(
+                    recv["by_session"].get("walsender", 0.0), 1)
         # 2. Drain to marked >= 0.9 x pg_recvlogical.
         for size in ("tx1", "tx100"):
             r = drain.get(size, {}).get("contenders", {}).get("relay-kafka", {})
@@ -2009,7 +2045,8 @@ END $$;
                              f"{n} {c.get('records_consumed')}/{c.get('duplicates')}/"
                              f"{c.get('records_without_commit_row')}/"
                              f"{c.get('rows_without_record')}"
-                             for n, c in live["contenders"].items() if not c.get("error")))
+                             for n, c in live["contenders"].items()
+                             if not c.get("error") and "records_consumed" in c))
             relay = live["contenders"].get("relay")
             if relay and relay.get("rates"):
                 lines.append("relay: " + "; ".join(
@@ -2090,7 +2127,10 @@ END $$;
                     verdict = "n/a " if t["met"] is None else ("MET " if t["met"] else "MISS")
                     lines.append(f"  {verdict} {name}: {v} (target {t['target']})"
                                  + (f" [{', '.join(f'{k} {x}' for k, x in t['detail'].items())}]"
-                                    if t.get("detail") else ""))
+                                    if t.get("detail") else "")
+                                 + (f" [pg_recvlogical's walsender alone: "
+                                    f"{t['walsender_of_pg_recvlogical']}]"
+                                    if t.get("walsender_of_pg_recvlogical") is not None else ""))
         return "\n".join(lines)
 
     # ---- main ------------------------------------------------------------------------------
