@@ -2015,6 +2015,10 @@ END $$;
                             + (f"; heap {sz['heap_bytes'] / 2**20:.1f} MiB, indexes "
                                f"{sz['indexes_bytes'] / 2**20:.1f} MiB after the drain"
                                if sz else ""))
+                        if r["table_updates"] < r.get("rows_measured", 0):
+                            lines.append(f"{size:8s} {c}: WARNING: fewer UPDATEs than rows: it "
+                                         "did not mark the whole backlog itself, its 'to "
+                                         "marked' figure is not comparable")
                 if s.get("eos_over_alo") is not None:
                     lines.append(
                         f"{size:8s} exactly-once / at-least-once (relay-kafka-eos / relay-kafka, "
