@@ -245,7 +245,10 @@ METRIC_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^}]*)\})?\s+(\S+)')
 
 
 def scrape(port, timeout=1.0):
-    """{name: [(labels_dict, value)]} or None when the endpoint does not answer."""
+    """{name: [(labels_dict, value)]} or None when the endpoint does not answer (or there is
+    none: port None, as for pg_recvlogical)."""
+    if port is None:
+        return None
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as r:
             text = r.read().decode()
@@ -1010,10 +1013,14 @@ END $$;
             log(f"  exactly-once / at-least-once: {eos / on:.2f}")
         self.sql.query("TRUNCATE outbox")  # the next phase starts from an empty table
 
+    def recvlogical_cmd(self, slot, *extra):
+        """pg_recvlogical streaming the bench's publication from `slot` into /dev/null."""
+        return [f"{self.pg_bin}/pg_recvlogical", "-d", self.db, "--slot", slot, "--start",
+                "-o", "proto_version=1", "-o", f"publication_names={self.publication}", *extra,
+                "-f", "/dev/null"]
+
     def drain_recvlogical(self, slot, start_lsn, end_lsn, rows):
-        cmd = [f"{self.pg_bin}/pg_recvlogical", "-d", self.db, "--slot", slot, "--start",
-               "--no-loop", "-o", "proto_version=1", "-o", f"publication_names={self.publication}",
-               "-E", lsn_text(end_lsn), "-f", "/dev/null"]
+        cmd = self.recvlogical_cmd(slot, "--no-loop", "-E", lsn_text(end_lsn))
         series = []
         reaped0 = proc_children_cpu(self.postmaster) if self.postmaster else None
         busy0 = machine_busy_cpu()
@@ -1463,9 +1470,7 @@ END $$;
         elif recvlogical:
             # Status every second, as the relay's --status-interval-ms; -F 0: no fsync of
             # /dev/null, the written position is reported as flushed.
-            cmd = [f"{self.pg_bin}/pg_recvlogical", "-d", self.db, "--slot", slot, "--start",
-                   "-o", "proto_version=1", "-o", f"publication_names={self.publication}",
-                   "-s", "1", "-F", "0", "-f", "/dev/null"]
+            cmd = self.recvlogical_cmd(slot, "-s", "1", "-F", "0")
             with open(os.path.join(self.out, logname), "w") as logf:
                 proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT)
             port = None
@@ -1491,7 +1496,7 @@ END $$;
                         "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, "
                         "pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint "
                         f"FROM pg_replication_slots WHERE slot_name = '{slot}'") if slot else []
-                    m = scrape(port) if port else None
+                    m = scrape(port)
                     delivered = metric_sum(m, "events_published_total") if m else None
                     samples.append((time.time() - t_origin,
                                     int(row[0][0]) if row else None,
@@ -1501,7 +1506,7 @@ END $$;
                 stop_sampling.wait(0.5)
 
         def delivered_now():
-            m = scrape(port) if port else None
+            m = scrape(port)
             return metric_sum(m, "events_published_total") if m else None
 
         def wait_caught_up(rows_total, end_lsn, timeout):
@@ -1566,7 +1571,7 @@ END $$;
                 rate = rate_inserts(label, capacity)
                 self.note_load(f"live {name} {label}")
                 log(f"  {name}: {label} = {rate:,} inserts/s for {seconds} s")
-                hist0 = histogram_buckets((scrape(port) if port else None) or {},
+                hist0 = histogram_buckets(scrape(port) or {},
                                           "outbox_relay_commit_to_ack_seconds")
                 rows0 = int(self.sql.value("SELECT count(*) FROM outbox"))
                 del0 = delivered_now()
