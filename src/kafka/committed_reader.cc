@@ -47,9 +47,16 @@ Result<std::optional<std::string>> ReadLastCommittedValue(const ProducerOptions&
   std::array<char, 512> errstr{};
   KafkaConfHandle conf(rd_kafka_conf_new());
   std::map<std::string, std::string> settings = {
-      {"bootstrap.servers", connection.brokers}, {"group.id", "outbox-relay-progress-reader"},
-      {"enable.auto.commit", "false"},           {"enable.partition.eof", "true"},
-      {"isolation.level", "read_committed"},     {"client.id", "outbox-relay-progress"},
+      {"bootstrap.servers", connection.brokers},
+      {"group.id", "outbox-relay-progress-reader"},
+      {"enable.auto.commit", "false"},
+      {"enable.partition.eof", "true"},
+      {"isolation.level", "read_committed"},
+      {"client.id", "outbox-relay-progress"},
+      // The end of a partition is known from a fetch that finds nothing more;
+      // the broker holds such a fetch this long (librdkafka's 500 ms would
+      // delay every exactly-once start, even on an empty progress topic).
+      {"fetch.wait.max.ms", "10"},
   };
   for (const auto& [k, v] : connection.properties) {
     if (IsClientProperty(k)) settings[k] = v;

@@ -619,13 +619,15 @@ void KafkaProducer::OnError(Lane& lane, rd_kafka_resp_err_t code, const char* re
   spdlog::warn("kafka: {}: {}", rd_kafka_err2name(code), reason);
 }
 
-void KafkaProducer::OnLog(const rd_kafka_t*, int level, const char* fac, const char* buf) {
+void KafkaProducer::OnLog(const rd_kafka_t* rk, int level, const char* fac, const char* buf) {
   // Connection failures also arrive through the error callback (logged as
-  // warnings there); the log stream is for debugging.
+  // warnings there); the log stream is for debugging. The instance's name
+  // tells a transactional producer's two lanes apart.
+  const char* name = rk != nullptr ? rd_kafka_name(rk) : "";
   if (level <= 2) {
-    spdlog::error("kafka {}: {}", fac, buf);
+    spdlog::error("kafka {} {}: {}", name, fac, buf);
   } else {
-    spdlog::debug("kafka {}: {}", fac, buf);
+    spdlog::debug("kafka {} {}: {}", name, fac, buf);
   }
 }
 
@@ -661,9 +663,12 @@ std::string TwinTransactionalId(const std::string& transactional_id) {
   return transactional_id + ".2";
 }
 
-KafkaProducer::Lane* KafkaProducer::TransactionLane() const {
-  return twin_lane_ != nullptr && twin_active_.load(std::memory_order_relaxed) ? twin_lane_
-                                                                               : default_lane_;
+KafkaProducer::Lane* KafkaProducer::TransactionLane(int lane) const {
+  return lane == 1 && twin_lane_ != nullptr ? twin_lane_ : default_lane_;
+}
+
+int KafkaProducer::OpenLane() const {
+  return twin_lane_ != nullptr && twin_active_.load(std::memory_order_acquire) ? 1 : 0;
 }
 
 Status KafkaProducer::InitTransactions(std::chrono::milliseconds timeout) {
@@ -696,33 +701,39 @@ Status KafkaProducer::BeginTransaction() {
   return Ok();
 }
 
-Status KafkaProducer::CommitTransaction(std::chrono::milliseconds timeout) {
-  if (rd_kafka_error_t* e = rd_kafka_commit_transaction(TransactionLane()->rk.get(),
+Status KafkaProducer::FlushTransaction(std::chrono::milliseconds timeout) {
+  // Sends what lingers at once, and waits for every acknowledgement (or
+  // failure: a failed record fails the commit that follows).
+  if (rd_kafka_resp_err_t err =
+          rd_kafka_flush(TransactionLane()->rk.get(), static_cast<int>(timeout.count()));
+      err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+    return Fail(ErrorCode::kTransient,
+                "Kafka: the transaction's records are not all acknowledged after {} ms: {}",
+                timeout.count(), rd_kafka_err2str(err));
+  }
+  return Ok();
+}
+
+int KafkaProducer::HandOver() {
+  int ending = OpenLane();
+  if (twin_lane_ != nullptr) twin_active_.store(ending == 0, std::memory_order_release);
+  return ending;
+}
+
+Status KafkaProducer::CommitTransaction(int lane, std::chrono::milliseconds timeout) {
+  if (rd_kafka_error_t* e = rd_kafka_commit_transaction(TransactionLane(lane)->rk.get(),
                                                         static_cast<int>(timeout.count()))) {
     return std::unexpected(TxnError(e, "Kafka: commit transaction"));
   }
-  SwitchLanes();
   return Ok();
 }
 
-Status KafkaProducer::AbortTransaction(std::chrono::milliseconds timeout) {
-  if (rd_kafka_error_t* e = rd_kafka_abort_transaction(TransactionLane()->rk.get(),
+Status KafkaProducer::AbortTransaction(int lane, std::chrono::milliseconds timeout) {
+  if (rd_kafka_error_t* e = rd_kafka_abort_transaction(TransactionLane(lane)->rk.get(),
                                                        static_cast<int>(timeout.count()))) {
     return std::unexpected(TxnError(e, "Kafka: abort transaction"));
   }
-  SwitchLanes();
   return Ok();
-}
-
-void KafkaProducer::SwitchLanes() {
-  // The coordinator answers the EndTxn before it has written the ended
-  // transaction's markers, and refuses that transactional.id's next
-  // AddPartitionsToTxn (CONCURRENT_TRANSACTIONS) until it has; librdkafka
-  // then retries 20 ms later, and the next transaction's records wait unsent
-  // meanwhile. Its twin has had a whole transaction to finish its markers.
-  // Every record of the ended transaction is acknowledged (the commit
-  // flushed, an abort purged), so no record of the next one overtakes it.
-  if (twin_lane_ != nullptr) twin_active_.store(!twin_active_.load());
 }
 
 std::optional<int64_t> KafkaProducer::RequiredBatchSize() const {

@@ -70,7 +70,7 @@ bool Publisher::InFlightFull() const {
 
 bool Publisher::Backpressured() const {
   return InFlightFull() || tracker_->awaiting_mark() >= options_.max_awaiting_mark ||
-         state_ != TxnState::kIdle;
+         state_ == TxnState::kFlushing || state_ == TxnState::kAborting;
 }
 
 bool Publisher::Reachable() const { return sink_ != nullptr && sink_->Reachable(); }
@@ -337,7 +337,13 @@ void Publisher::EnableTransactions(TransactionOptions options, kafka::KafkaProdu
 }
 
 std::chrono::steady_clock::time_point Publisher::CommitDueAt() const {
-  if (!txn_ || !txn_open_ || state_ != TxnState::kIdle) {
+  if (!txn_) return std::chrono::steady_clock::time_point::max();
+  if (state_ == TxnState::kCommitting) {
+    // The loop waits on the server meanwhile; the commit's end (which the
+    // next commit waits for) is seen by looking again this soon.
+    return std::chrono::steady_clock::now() + kCommitPoll;
+  }
+  if (!txn_open_ || state_ != TxnState::kIdle) {
     return std::chrono::steady_clock::time_point::max();
   }
   return txn_started_ + txn_->interval;
@@ -356,8 +362,9 @@ void Publisher::NotePgCommit(tracking::Transaction* tx) {
 }
 
 Status Publisher::JoinTransaction(tracking::Transaction* tx) {
-  if (state_ != TxnState::kIdle) {
-    return Fail(ErrorCode::kFatal, "internal: a row produced while a Kafka transaction ends");
+  if (state_ == TxnState::kFlushing || state_ == TxnState::kAborting) {
+    return Fail(ErrorCode::kFatal,
+                "internal: a row produced while a Kafka transaction is flushed or aborted");
   }
   if (!txn_open_) {
     if (auto st = producer_->BeginTransaction(); !st) return st;
@@ -372,13 +379,28 @@ Status Publisher::JoinTransaction(tracking::Transaction* tx) {
   return Ok();
 }
 
-Status Publisher::Tick(bool force) {
-  if (!txn_) return Ok();
-  if (state_ != TxnState::kIdle) {
-    if (!worker_done_.load(std::memory_order_acquire)) return Ok();
+Status Publisher::Poll() {
+  if (state_ == TxnState::kFlushing && handed_over_.load(std::memory_order_acquire)) {
+    // Every record of it is acknowledged: the next Kafka transaction may
+    // begin, on the producer's other lane, while this one commits.
+    ending_ = true;
+    ending_members_ = std::exchange(txn_members_, {});
+    txn_open_ = false;
+    state_ = TxnState::kCommitting;
+  }
+  if (state_ != TxnState::kIdle && worker_done_.load(std::memory_order_acquire)) {
     return FinishWorker();
   }
+  return Ok();
+}
+
+Status Publisher::Tick(bool force) {
+  if (!txn_) return Ok();
+  if (auto st = Poll(); !st) return st;
+  if (state_ == TxnState::kFlushing || state_ == TxnState::kAborting) return Ok();
   if (must_abort_.load(std::memory_order_acquire)) {
+    // A Kafka transaction handed over commits, or fails, on its own first.
+    if (state_ == TxnState::kCommitting) return Ok();
     std::string reason;
     {
       std::lock_guard lock(refused_uuids_mu_);
@@ -387,7 +409,9 @@ Status Publisher::Tick(bool force) {
     StartAbort(reason.empty() ? "a record failed" : reason);
     return Ok();
   }
-  if (!txn_open_) return Ok();
+  // One Kafka transaction ends at a time: the open one waits for the one
+  // handed over (which the in-flight window bounds meanwhile).
+  if (!txn_open_ || state_ != TxnState::kIdle) return Ok();
   auto now = std::chrono::steady_clock::now();
   // A full in-flight window commits at once: its records wait for nothing
   // else (the transactional linger is the interval; the commit sends them).
@@ -396,6 +420,24 @@ Status Publisher::Tick(bool force) {
     return StartCommit();
   }
   return Ok();
+}
+
+Status Publisher::RetryStep(const std::function<Status(milliseconds)>& step) const {
+  // Resumable: on a timeout the step goes on in the background and the call
+  // picks it up again; a stop request gives up after the stop grace.
+  auto stop_seen = std::chrono::steady_clock::time_point{};
+  while (true) {
+    Status st = step(milliseconds(1000));
+    if (st || st.error().code != ErrorCode::kTransient) return st;
+    if (stop_->flag().load()) {
+      auto now = std::chrono::steady_clock::now();
+      if (stop_seen == std::chrono::steady_clock::time_point{}) stop_seen = now;
+      if (now - stop_seen >= options_.stop_grace) {
+        return Fail(ErrorCode::kCancelled, "stopping while Kafka does not commit: {}",
+                    st.error().message);
+      }
+    }
+  }
 }
 
 Status Publisher::StartCommit() {
@@ -413,28 +455,20 @@ Status Publisher::StartCommit() {
     }
     return st;
   }
-  state_ = TxnState::kCommitting;
+  ending_progress_ = pending_;
+  state_ = TxnState::kFlushing;
   commit_started_ = std::chrono::steady_clock::now();
+  handed_over_.store(false);
   worker_done_.store(false);
-  const std::atomic<bool>* stop = &stop_->flag();
-  auto grace = options_.stop_grace;
-  worker_ = std::thread([this, stop, grace] {
-    // Resumable: on a timeout the commit goes on in the background and the
-    // call picks it up again; a stop request gives up after the stop grace.
-    auto stop_seen = std::chrono::steady_clock::time_point{};
-    Status st;
-    while (true) {
-      st = producer_->CommitTransaction(std::chrono::milliseconds(1000));
-      if (st || st.error().code != ErrorCode::kTransient) break;
-      if (stop->load()) {
-        auto now = std::chrono::steady_clock::now();
-        if (stop_seen == std::chrono::steady_clock::time_point{}) stop_seen = now;
-        if (now - stop_seen >= grace) {
-          st = Fail(ErrorCode::kCancelled, "stopping while Kafka does not commit: {}",
-                    st.error().message);
-          break;
-        }
-      }
+  worker_ = std::thread([this] {
+    Status st = RetryStep([this](milliseconds t) { return producer_->FlushTransaction(t); });
+    if (st) {
+      ending_lane_ = producer_->HandOver();
+      handed_over_.store(true, std::memory_order_release);
+      tracker_->Wake();
+      const int lane = ending_lane_;
+      st =
+          RetryStep([this, lane](milliseconds t) { return producer_->CommitTransaction(lane, t); });
     }
     worker_result_ = st;
     worker_done_.store(true, std::memory_order_release);
@@ -444,23 +478,33 @@ Status Publisher::StartCommit() {
 }
 
 void Publisher::StartAbort(std::string reason) {
-  spdlog::warn("aborting the Kafka transaction ({} rows, {} PostgreSQL transactions): {}",
-               txn_rows_, txn_members_.size(), reason);
+  // Every Kafka transaction not committed: one whose commit failed, and the
+  // open one after it (which must not commit without it).
+  std::vector<int> lanes;
+  if (ending_) lanes.push_back(ending_lane_);
+  if (txn_open_) lanes.push_back(producer_->OpenLane());
+  spdlog::warn("aborting {} Kafka transaction{} ({} PostgreSQL transactions): {}", lanes.size(),
+               lanes.size() == 1 ? "" : "s", ending_members_.size() + txn_members_.size(), reason);
   abort_reason_ = std::move(reason);
+  aborting_ = static_cast<int>(lanes.size());
   state_ = TxnState::kAborting;
   worker_done_.store(false);
-  if (!txn_open_) {  // nothing began: nothing to abort
+  if (lanes.empty()) {  // nothing began: nothing to abort
     worker_result_ = Ok();
     worker_done_.store(true);
     return;
   }
-  worker_ = std::thread([this] {
-    Status st;
-    for (int attempt = 0; attempt < 30; ++attempt) {
-      st = producer_->AbortTransaction(std::chrono::milliseconds(1000));
-      if (st || st.error().code != ErrorCode::kTransient) break;
+  worker_ = std::thread([this, lanes] {
+    Status result;
+    for (int lane : lanes) {
+      Status st;
+      for (int attempt = 0; attempt < 30; ++attempt) {
+        st = producer_->AbortTransaction(lane, milliseconds(1000));
+        if (st || st.error().code != ErrorCode::kTransient) break;
+      }
+      if (!st && result) result = st;
     }
-    worker_result_ = st;
+    worker_result_ = result;
     worker_done_.store(true, std::memory_order_release);
     tracker_->Wake();
   });
@@ -470,15 +514,17 @@ Status Publisher::FinishWorker() {
   if (worker_.joinable()) worker_.join();
   Status result = worker_result_;
   TxnState state = std::exchange(state_, TxnState::kIdle);
-  if (state == TxnState::kCommitting) {
+  if (state == TxnState::kFlushing || state == TxnState::kCommitting) {
     if (result) {
       metrics_->kafka_transactions_committed().Increment();
       metrics_->kafka_transaction_commit().Observe(
           std::chrono::duration<double>(std::chrono::steady_clock::now() - commit_started_)
               .count());
-      committed_ = pending_;
-      txn_open_ = false;
-      for (tracking::Transaction* tx : std::exchange(txn_members_, {})) tracker_->ReleaseHold(tx);
+      committed_ = ending_progress_;
+      ending_ = false;
+      for (tracking::Transaction* tx : std::exchange(ending_members_, {})) {
+        tracker_->ReleaseHold(tx);
+      }
       return Ok();
     }
     if (result.error().code == ErrorCode::kAborted) {
@@ -487,11 +533,14 @@ Status Publisher::FinishWorker() {
     }
     return result;  // kFatal (fenced), kCancelled
   }
-  // An abort: what the Kafka transaction held is sent again by the slot.
-  metrics_->kafka_transactions_aborted().Increment();
+  // Aborts: what the Kafka transactions held is sent again by the slot.
+  for (int i = 0; i < aborting_; ++i) metrics_->kafka_transactions_aborted().Increment();
+  aborting_ = 0;
   txn_open_ = false;
+  ending_ = false;
   must_abort_.store(false);
   pending_ = committed_;
+  for (tracking::Transaction* tx : std::exchange(ending_members_, {})) tracker_->AbandonHeld(tx);
   for (tracking::Transaction* tx : std::exchange(txn_members_, {})) tracker_->AbandonHeld(tx);
   if (!result) return result;
   return Fail(ErrorCode::kAborted, "Kafka transaction aborted ({}); sending its rows again",
@@ -501,11 +550,12 @@ Status Publisher::FinishWorker() {
 Status Publisher::AbortTransaction(std::chrono::milliseconds timeout) {
   if (!txn_) return Ok();
   auto deadline = std::chrono::steady_clock::now() + timeout;
-  if (state_ == TxnState::kIdle && txn_open_) StartAbort("the session ended");
-  while (state_ != TxnState::kIdle) {
-    if (worker_done_.load(std::memory_order_acquire)) {
-      auto st = FinishWorker();
-      if (!st && st.error().code != ErrorCode::kAborted) return st;
+  while (true) {
+    // One handed over may still commit; what follows it is aborted.
+    if (auto st = Poll(); !st && st.error().code != ErrorCode::kAborted) return st;
+    if (state_ == TxnState::kIdle) {
+      if (!txn_open_ && !ending_) return Ok();
+      StartAbort("the session ended");
       continue;
     }
     if (std::chrono::steady_clock::now() >= deadline) {
@@ -514,18 +564,16 @@ Status Publisher::AbortTransaction(std::chrono::milliseconds timeout) {
     }
     tracker_->WaitForProgress(milliseconds(5));
   }
-  return Ok();
 }
 
 Status Publisher::FinishTransaction(std::chrono::milliseconds timeout, KeepAlive* keep) {
   if (!txn_) return Ok();
   auto deadline = std::chrono::steady_clock::now() + timeout;
-  if (state_ == TxnState::kIdle && txn_open_) {
-    if (auto st = Tick(/*force=*/true); !st) return st;
-  }
-  while (state_ != TxnState::kIdle) {
-    if (worker_done_.load(std::memory_order_acquire)) {
-      if (auto st = FinishWorker(); !st) return st;
+  while (true) {
+    if (auto st = Poll(); !st) return st;
+    if (state_ == TxnState::kIdle) {
+      if (!txn_open_) return Ok();
+      if (auto st = Tick(/*force=*/true); !st) return st;
       continue;
     }
     if (std::chrono::steady_clock::now() >= deadline) {
@@ -535,7 +583,6 @@ Status Publisher::FinishTransaction(std::chrono::milliseconds timeout, KeepAlive
     if (keep != nullptr) (void)keep->Touch();
     tracker_->WaitForProgress(milliseconds(5));
   }
-  return Ok();
 }
 
 }  // namespace outbox_relay::pipeline

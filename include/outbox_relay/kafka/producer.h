@@ -20,14 +20,14 @@
 // where the limit could not be read, a refused batch stops the relay with the
 // setting to change, and nothing is dead-lettered.
 //
-// Transactions. The coordinator answers a commit before it has written the
-// transaction's markers, and refuses the same transactional.id's next
-// AddPartitionsToTxn until they are written; librdkafka retries 20 ms later,
-// and the next transaction's records wait unsent meanwhile. So a
-// transactional producer is two librdkafka instances, under the
-// transactional.id and its twin, taking consecutive transactions in turn:
-// each begins after the other's commit returned (all its records
-// acknowledged), so partition order holds. InitTransactions fences both ids.
+// Transactions. A transactional producer is two librdkafka instances, under
+// the transactional.id and its twin, taking consecutive transactions in
+// turn: the next transaction fills on one while the other's commit waits for
+// the coordinator (and, once it answered, for the markers it writes: it
+// refuses the same transactional.id's next AddPartitionsToTxn until they are
+// written, and librdkafka retries 20 ms later). Each begins after every
+// record of the other was acknowledged (FlushTransaction), so partition
+// order holds. InitTransactions fences both ids.
 //
 // Threads: Produce from one thread (the relay's loop); one poller thread per
 // lane serves that lane's delivery reports (the DeliveryCallback may run on
@@ -131,9 +131,21 @@ class KafkaProducer final : public Sink {
   // Fences earlier producers with the same transactional.id and completes
   // (aborts) what they left open.
   Status InitTransactions(std::chrono::milliseconds timeout);
+  // Begins a transaction on the open lane.
   Status BeginTransaction();
-  Status CommitTransaction(std::chrono::milliseconds timeout);
-  Status AbortTransaction(std::chrono::milliseconds timeout);
+  // A transaction ends in two steps, so that the next one can fill while the
+  // coordinator commits this one. FlushTransaction waits until every record
+  // of the open transaction is acknowledged (kTransient: not within
+  // `timeout`; call again). HandOver then makes the other lane the open one
+  // and answers the ending transaction's lane, to commit or abort: the next
+  // transaction's records go out after every record of this one is written,
+  // so partition order holds. Only one transaction may be ending at a time.
+  Status FlushTransaction(std::chrono::milliseconds timeout);
+  int HandOver();
+  // The lane of the open (or next) transaction.
+  int OpenLane() const;
+  Status CommitTransaction(int lane, std::chrono::milliseconds timeout);
+  Status AbortTransaction(int lane, std::chrono::milliseconds timeout);
   // Set when a topic needs smaller batches than this producer makes.
   std::optional<int64_t> RequiredBatchSize() const;
 
@@ -148,9 +160,9 @@ class KafkaProducer final : public Sink {
   Result<Lane*> LaneWithBatchSize(int64_t batch_size);
   // A new lane (lanes_mu_ held); `transactional_id` overrides the setting.
   Result<Lane*> AddLaneLocked(int64_t batch_size, const std::string& transactional_id);
-  // Transactional: the lane whose transaction is open or next.
-  Lane* TransactionLane() const;
-  void SwitchLanes();
+  // Transactional: lane 0 (default) or 1 (twin); the open one by default.
+  Lane* TransactionLane(int lane) const;
+  Lane* TransactionLane() const { return TransactionLane(OpenLane()); }
   void AdminLoop();
   // Creates (--create-topics) and sizes `name`.
   void PrepareTopic(const std::string& name);

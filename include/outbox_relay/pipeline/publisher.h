@@ -74,6 +74,12 @@ struct PublisherOptions {
 // The interval counts from the Kafka transaction's first row. The stream
 // session bounds its wait for the server by CommitDueAt, so a lone row
 // commits on its interval, not on the server's next message.
+// A commit is two steps on a worker thread: its records are flushed (all
+// acknowledged; the loop reads nothing meanwhile), then the producer hands
+// the transaction over and the coordinator commits it while the loop fills
+// the next Kafka transaction on the producer's other lane. That one commits
+// only after the first has: a Kafka transaction fails, and is aborted, with
+// every transaction after it.
 // A PostgreSQL transaction of the open Kafka transaction is held (tracker
 // Hold) until that commits; if it aborts, the transaction is abandoned and
 // the session ends (kAborted): the slot sends it again, and what Kafka already
@@ -155,8 +161,9 @@ class Publisher {
   // Aborts the open Kafka transaction (if any) and waits for it, at most
   // `timeout`: what it held is sent again.
   Status AbortTransaction(std::chrono::milliseconds timeout);
-  // When the open Kafka transaction is due by its interval
-  // (time_point::max(): none open, or one ending).
+  // When the loop must look again: the open Kafka transaction's commit is
+  // due by its interval, or one ending may have ended (time_point::max():
+  // nothing to wait for).
   std::chrono::steady_clock::time_point CommitDueAt() const;
   // The transaction `tx` is read to its Commit.
   void NotePgCommit(tracking::Transaction* tx);
@@ -200,10 +207,21 @@ class Publisher {
 
   // Exactly-once state: the loop thread's, but for `must_abort_`,
   // `refused_uuids_` (the sink's threads write) and the worker's result.
-  enum class TxnState { kIdle, kCommitting, kAborting };
+  // kFlushing: the open Kafka transaction's records are being flushed (the
+  // loop reads nothing); kCommitting: it was handed over and is committing,
+  // the next one may fill (ending_*); kAborting: every Kafka transaction not
+  // committed is being aborted (the loop reads nothing).
+  enum class TxnState { kIdle, kFlushing, kCommitting, kAborting };
   Status JoinTransaction(tracking::Transaction* tx);
   Status StartCommit();
   void StartAbort(std::string reason);
+  // The worker's step the loop has to see: a hand-over, then its end.
+  Status Poll();
+  // Calls `step` (a bounded wait) until it is done or fails for good; a
+  // stop request gives up after the stop grace (kCancelled).
+  Status RetryStep(const std::function<Status(std::chrono::milliseconds)>& step) const;
+  // How often the loop looks whether a commit handed over has ended.
+  static constexpr std::chrono::milliseconds kCommitPoll{2};
   Status FinishWorker();
   std::optional<TransactionOptions> txn_;
   kafka::KafkaProducer* producer_ = nullptr;
@@ -216,12 +234,21 @@ class Publisher {
   std::chrono::steady_clock::time_point commit_started_;
   std::vector<tracking::Transaction*> txn_members_;  // held until the commit
   TxnState state_ = TxnState::kIdle;
+  // The Kafka transaction handed over (kCommitting), or one whose commit
+  // failed and is to be aborted with the open one: its members, what Kafka
+  // holds once it commits, and its producer lane.
+  bool ending_ = false;
+  std::vector<tracking::Transaction*> ending_members_;
+  KafkaProgress ending_progress_;
+  int ending_lane_ = 0;  // written by the worker before handed_over_
+  std::atomic<bool> handed_over_{false};
+  int aborting_ = 0;  // Kafka transactions the abort under way ends
   // InFlightFull's hysteresis (the loop thread's alone): set at the bound,
   // cleared at three quarters of it.
   mutable bool in_flight_full_ = false;
   std::string abort_reason_;
   std::string progress_value_;  // the progress record being committed
-  std::thread worker_;          // runs a blocking commit or abort
+  std::thread worker_;          // runs a blocking flush and commit, or the aborts
   std::atomic<bool> worker_done_{false};
   Status worker_result_;
   std::atomic<bool> must_abort_{false};
