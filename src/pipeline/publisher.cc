@@ -70,12 +70,14 @@ bool Publisher::InFlightFull() const {
 
 bool Publisher::Backpressured() const {
   return InFlightFull() || tracker_->awaiting_mark() >= options_.max_awaiting_mark ||
-         state_ == TxnState::kFlushing || state_ == TxnState::kAborting;
+         state_ == TxnState::kAborting;
 }
 
 bool Publisher::Reachable() const { return sink_ != nullptr && sink_->Reachable(); }
 
-int64_t Publisher::BytesInFlight() const { return sink_ != nullptr ? sink_->BytesInFlight() : 0; }
+int64_t Publisher::BytesInFlight() const {
+  return (sink_ != nullptr ? sink_->BytesInFlight() : 0) + deferred_bytes_;
+}
 
 Status Publisher::Flush(milliseconds timeout) {
   if (sink_ == nullptr) return Ok();
@@ -189,6 +191,11 @@ Status Publisher::Produce(const outbox::KafkaRecord& record, tracking::Transacti
 Status Publisher::Offer(const outbox::KafkaRecord& record, tracking::Transaction* tx,
                         KeepAlive* keep) {
   if (sink_ == nullptr) return Fail(ErrorCode::kFatal, "internal: no sink attached");
+  if (state_ == TxnState::kFlushing) {
+    // The next Kafka transaction's: after every record of the one flushed.
+    Defer(record, tx);
+    return Ok();
+  }
   while (true) {
     auto accepted = sink_->Produce(record, tx);
     if (!accepted) return std::unexpected(accepted.error());
@@ -338,9 +345,9 @@ void Publisher::EnableTransactions(TransactionOptions options, kafka::KafkaProdu
 
 std::chrono::steady_clock::time_point Publisher::CommitDueAt() const {
   if (!txn_) return std::chrono::steady_clock::time_point::max();
-  if (state_ == TxnState::kCommitting) {
-    // The loop waits on the server meanwhile; the commit's end (which the
-    // next commit waits for) is seen by looking again this soon.
+  if (state_ == TxnState::kFlushing || state_ == TxnState::kCommitting) {
+    // The loop waits on the server meanwhile; the hand-over and the commit's
+    // end (which the next commit waits for) are seen by looking again this soon.
     return std::chrono::steady_clock::now() + kCommitPoll;
   }
   if (!txn_open_ || state_ != TxnState::kIdle) {
@@ -362,12 +369,15 @@ void Publisher::NotePgCommit(tracking::Transaction* tx) {
 }
 
 Status Publisher::JoinTransaction(tracking::Transaction* tx) {
-  if (state_ == TxnState::kFlushing || state_ == TxnState::kAborting) {
-    return Fail(ErrorCode::kFatal,
-                "internal: a row produced while a Kafka transaction is flushed or aborted");
+  if (state_ == TxnState::kAborting) {
+    return Fail(ErrorCode::kFatal, "internal: a row produced while Kafka transactions abort");
   }
   if (!txn_open_) {
-    if (auto st = producer_->BeginTransaction(); !st) return st;
+    // While the one before is flushed, it begins at the hand-over.
+    begin_deferred_ = state_ == TxnState::kFlushing;
+    if (!begin_deferred_) {
+      if (auto st = producer_->BeginTransaction(); !st) return st;
+    }
     txn_open_ = true;
     txn_rows_ = 0;
     txn_started_ = std::chrono::steady_clock::now();
@@ -381,12 +391,11 @@ Status Publisher::JoinTransaction(tracking::Transaction* tx) {
 
 Status Publisher::Poll() {
   if (state_ == TxnState::kFlushing && handed_over_.load(std::memory_order_acquire)) {
-    // Every record of it is acknowledged: the next Kafka transaction may
-    // begin, on the producer's other lane, while this one commits.
-    ending_ = true;
-    ending_members_ = std::exchange(txn_members_, {});
-    txn_open_ = false;
+    // Every record of it is acknowledged: the next Kafka transaction begins,
+    // on the producer's other lane, while this one commits.
+    ending_handed_over_ = true;
     state_ = TxnState::kCommitting;
+    if (auto st = ProduceDeferred(); !st) return st;
   }
   if (state_ != TxnState::kIdle && worker_done_.load(std::memory_order_acquire)) {
     return FinishWorker();
@@ -420,6 +429,57 @@ Status Publisher::Tick(bool force) {
     return StartCommit();
   }
   return Ok();
+}
+
+void Publisher::Defer(const outbox::KafkaRecord& record, tracking::Transaction* tx) {
+  DeferredRecord& d = deferred_.emplace_back();
+  d.topic = record.topic;
+  d.event_type = record.event_type;
+  if (record.key) d.key = std::string(*record.key);
+  if (record.value) d.value = std::string(*record.value);
+  d.headers.reserve(record.headers.size());
+  int64_t bytes = (record.key ? static_cast<int64_t>(record.key->size()) : 0) +
+                  (record.value ? static_cast<int64_t>(record.value->size()) : 0);
+  for (const auto& [name, value] : record.headers) {
+    d.headers.emplace_back(name, value);
+    bytes += static_cast<int64_t>(name.size() + value.size());
+  }
+  d.tx = tx;
+  deferred_bytes_ += bytes;
+}
+
+Status Publisher::ProduceDeferred() {
+  if (txn_open_ && begin_deferred_) {
+    begin_deferred_ = false;
+    if (auto st = producer_->BeginTransaction(); !st) return st;
+  }
+  if (deferred_.empty()) return Ok();
+  spdlog::debug("Kafka transaction handed over: {} records read during its flush go into the next",
+                deferred_.size());
+  std::vector<DeferredRecord> batch = std::exchange(deferred_, {});
+  deferred_bytes_ = 0;
+  outbox::KafkaRecord view;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    DeferredRecord& d = batch[i];
+    view.topic = d.topic;
+    view.event_type = d.event_type;
+    view.key = d.key ? std::optional<std::string_view>(*d.key) : std::nullopt;
+    view.value = d.value ? std::optional<std::string_view>(*d.value) : std::nullopt;
+    view.headers.clear();
+    for (const auto& [name, value] : d.headers) view.headers.emplace_back(name, value);
+    if (auto st = Offer(view, d.tx, nullptr); !st) {
+      // Not taken: neither are those after it; their transactions end with the session.
+      for (size_t j = i; j < batch.size(); ++j) tracker_->CancelMessage(batch[j].tx);
+      return st;
+    }
+  }
+  return Ok();
+}
+
+void Publisher::DropDeferred() {
+  for (const DeferredRecord& d : deferred_) tracker_->CancelMessage(d.tx);
+  deferred_.clear();
+  deferred_bytes_ = 0;
 }
 
 Status Publisher::RetryStep(const std::function<Status(milliseconds)>& step) const {
@@ -456,6 +516,10 @@ Status Publisher::StartCommit() {
     return st;
   }
   ending_progress_ = pending_;
+  ending_ = true;
+  ending_handed_over_ = false;
+  ending_members_ = std::exchange(txn_members_, {});
+  txn_open_ = false;
   state_ = TxnState::kFlushing;
   commit_started_ = std::chrono::steady_clock::now();
   handed_over_.store(false);
@@ -481,8 +545,9 @@ void Publisher::StartAbort(std::string reason) {
   // Every Kafka transaction not committed: one whose commit failed, and the
   // open one after it (which must not commit without it).
   std::vector<int> lanes;
-  if (ending_) lanes.push_back(ending_lane_);
-  if (txn_open_) lanes.push_back(producer_->OpenLane());
+  if (ending_) lanes.push_back(ending_handed_over_ ? ending_lane_ : producer_->OpenLane());
+  if (txn_open_ && !begin_deferred_) lanes.push_back(producer_->OpenLane());
+  DropDeferred();
   spdlog::warn("aborting {} Kafka transaction{} ({} PostgreSQL transactions): {}", lanes.size(),
                lanes.size() == 1 ? "" : "s", ending_members_.size() + txn_members_.size(), reason);
   abort_reason_ = std::move(reason);
@@ -522,6 +587,7 @@ Status Publisher::FinishWorker() {
               .count());
       committed_ = ending_progress_;
       ending_ = false;
+      ending_handed_over_ = false;
       for (tracking::Transaction* tx : std::exchange(ending_members_, {})) {
         tracker_->ReleaseHold(tx);
       }
@@ -537,7 +603,9 @@ Status Publisher::FinishWorker() {
   for (int i = 0; i < aborting_; ++i) metrics_->kafka_transactions_aborted().Increment();
   aborting_ = 0;
   txn_open_ = false;
+  begin_deferred_ = false;
   ending_ = false;
+  ending_handed_over_ = false;
   must_abort_.store(false);
   pending_ = committed_;
   for (tracking::Transaction* tx : std::exchange(ending_members_, {})) tracker_->AbandonHeld(tx);
@@ -572,6 +640,12 @@ Status Publisher::FinishTransaction(std::chrono::milliseconds timeout, KeepAlive
   while (true) {
     if (auto st = Poll(); !st) return st;
     if (state_ == TxnState::kIdle) {
+      if (ending_) {
+        // Its commit did not end (a stop gave up on it): it and what
+        // follows are aborted and sent again.
+        StartAbort("the commit did not end");
+        continue;
+      }
       if (!txn_open_) return Ok();
       if (auto st = Tick(/*force=*/true); !st) return st;
       continue;

@@ -75,11 +75,13 @@ struct PublisherOptions {
 // session bounds its wait for the server by CommitDueAt, so a lone row
 // commits on its interval, not on the server's next message.
 // A commit is two steps on a worker thread: its records are flushed (all
-// acknowledged; the loop reads nothing meanwhile), then the producer hands
-// the transaction over and the coordinator commits it while the loop fills
-// the next Kafka transaction on the producer's other lane. That one commits
-// only after the first has: a Kafka transaction fails, and is aborted, with
-// every transaction after it.
+// acknowledged), then the producer hands the transaction over and the
+// coordinator commits it while the loop fills the next Kafka transaction on
+// the producer's other lane. During the flush the loop reads on: the next
+// transaction's records wait in the publisher (within the in-flight window)
+// and go to the producer at the hand-over, after every record of the one
+// before. The next one commits only after the first has: a Kafka
+// transaction fails, and is aborted, with every transaction after it.
 // A PostgreSQL transaction of the open Kafka transaction is held (tracker
 // Hold) until that commits; if it aborts, the transaction is abandoned and
 // the session ends (kAborted): the slot sends it again, and what Kafka already
@@ -207,10 +209,10 @@ class Publisher {
 
   // Exactly-once state: the loop thread's, but for `must_abort_`,
   // `refused_uuids_` (the sink's threads write) and the worker's result.
-  // kFlushing: the open Kafka transaction's records are being flushed (the
-  // loop reads nothing); kCommitting: it was handed over and is committing,
-  // the next one may fill (ending_*); kAborting: every Kafka transaction not
-  // committed is being aborted (the loop reads nothing).
+  // kFlushing: the ending Kafka transaction's records are being flushed (the
+  // next one's wait in deferred_); kCommitting: it was handed over and is
+  // committing; kAborting: every Kafka transaction not committed is being
+  // aborted (the loop reads nothing).
   enum class TxnState { kIdle, kFlushing, kCommitting, kAborting };
   Status JoinTransaction(tracking::Transaction* tx);
   Status StartCommit();
@@ -234,14 +236,30 @@ class Publisher {
   std::chrono::steady_clock::time_point commit_started_;
   std::vector<tracking::Transaction*> txn_members_;  // held until the commit
   TxnState state_ = TxnState::kIdle;
-  // The Kafka transaction handed over (kCommitting), or one whose commit
-  // failed and is to be aborted with the open one: its members, what Kafka
-  // holds once it commits, and its producer lane.
+  // The Kafka transaction ending (kFlushing, kCommitting), or one whose
+  // commit failed and is to be aborted with the open one: its members, what
+  // Kafka holds once it commits, and its producer lane once handed over.
   bool ending_ = false;
+  bool ending_handed_over_ = false;
   std::vector<tracking::Transaction*> ending_members_;
   KafkaProgress ending_progress_;
   int ending_lane_ = 0;  // written by the worker before handed_over_
   std::atomic<bool> handed_over_{false};
+  // The open Kafka transaction's first rows, read while the one before is
+  // flushed: it begins, and they go to the producer, at the hand-over.
+  struct DeferredRecord {
+    std::string topic, event_type;
+    std::optional<std::string> key, value;
+    std::vector<std::pair<std::string, std::string>> headers;
+    tracking::Transaction* tx = nullptr;
+  };
+  bool begin_deferred_ = false;
+  std::vector<DeferredRecord> deferred_;
+  int64_t deferred_bytes_ = 0;
+  void Defer(const outbox::KafkaRecord& record, tracking::Transaction* tx);
+  // At the hand-over: begins the open transaction and produces deferred_.
+  Status ProduceDeferred();
+  void DropDeferred();
   int aborting_ = 0;  // Kafka transactions the abort under way ends
   // InFlightFull's hysteresis (the loop thread's alone): set at the bound,
   // cleared at three quarters of it.
