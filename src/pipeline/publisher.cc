@@ -393,7 +393,6 @@ Status Publisher::Poll() {
   if (state_ == TxnState::kFlushing && handed_over_.load(std::memory_order_acquire)) {
     // Every record of it is acknowledged: the next Kafka transaction begins,
     // on the producer's other lane, while this one commits.
-    ending_handed_over_ = true;
     state_ = TxnState::kCommitting;
     if (auto st = ProduceDeferred(); !st) return st;
   }
@@ -432,20 +431,29 @@ Status Publisher::Tick(bool force) {
 }
 
 void Publisher::Defer(const outbox::KafkaRecord& record, tracking::Transaction* tx) {
-  DeferredRecord& d = deferred_.emplace_back();
-  d.topic = record.topic;
-  d.event_type = record.event_type;
-  if (record.key) d.key = std::string(*record.key);
-  if (record.value) d.value = std::string(*record.value);
-  d.headers.reserve(record.headers.size());
-  int64_t bytes = (record.key ? static_cast<int64_t>(record.key->size()) : 0) +
-                  (record.value ? static_cast<int64_t>(record.value->size()) : 0);
+  auto put = [this](std::string_view v) {
+    deferred_lengths_.push_back(static_cast<int64_t>(v.size()));
+    deferred_data_.append(v);
+  };
+  auto put_optional = [&](const std::optional<std::string_view>& v) {
+    if (v) {
+      put(*v);
+      deferred_bytes_ += static_cast<int64_t>(v->size());
+    } else {
+      deferred_lengths_.push_back(-1);
+    }
+  };
+  put(record.topic);
+  put(record.event_type);
+  put_optional(record.key);
+  put_optional(record.value);
+  deferred_lengths_.push_back(static_cast<int64_t>(record.headers.size()));
   for (const auto& [name, value] : record.headers) {
-    d.headers.emplace_back(name, value);
-    bytes += static_cast<int64_t>(name.size() + value.size());
+    put(name);
+    put(value);
+    deferred_bytes_ += static_cast<int64_t>(name.size() + value.size());
   }
-  d.tx = tx;
-  deferred_bytes_ += bytes;
+  deferred_.push_back(tx);
 }
 
 Status Publisher::ProduceDeferred() {
@@ -456,29 +464,54 @@ Status Publisher::ProduceDeferred() {
   if (deferred_.empty()) return Ok();
   spdlog::debug("Kafka transaction handed over: {} records read during its flush go into the next",
                 deferred_.size());
-  std::vector<DeferredRecord> batch = std::exchange(deferred_, {});
-  deferred_bytes_ = 0;
+  // The state is kCommitting: Offer produces, and nothing is deferred meanwhile.
+  size_t part = 0;
+  size_t at = 0;
+  auto take = [&]() -> std::string_view {
+    auto n = static_cast<size_t>(deferred_lengths_[part++]);
+    std::string_view v(deferred_data_.data() + at, n);
+    at += n;
+    return v;
+  };
+  auto take_optional = [&]() -> std::optional<std::string_view> {
+    if (deferred_lengths_[part] < 0) {
+      ++part;
+      return std::nullopt;
+    }
+    return take();
+  };
+  Status result = Ok();
   outbox::KafkaRecord view;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    DeferredRecord& d = batch[i];
-    view.topic = d.topic;
-    view.event_type = d.event_type;
-    view.key = d.key ? std::optional<std::string_view>(*d.key) : std::nullopt;
-    view.value = d.value ? std::optional<std::string_view>(*d.value) : std::nullopt;
+  for (size_t i = 0; i < deferred_.size(); ++i) {
+    view.topic = take();
+    view.event_type = take();
+    view.key = take_optional();
+    view.value = take_optional();
+    auto headers = static_cast<size_t>(deferred_lengths_[part++]);
     view.headers.clear();
-    for (const auto& [name, value] : d.headers) view.headers.emplace_back(name, value);
-    if (auto st = Offer(view, d.tx, nullptr); !st) {
+    for (size_t h = 0; h < headers; ++h) {
+      std::string_view name = take();
+      view.headers.emplace_back(name, take());
+    }
+    if (auto st = Offer(view, deferred_[i], nullptr); !st) {
       // Not taken: neither are those after it; their transactions end with the session.
-      for (size_t j = i; j < batch.size(); ++j) tracker_->CancelMessage(batch[j].tx);
-      return st;
+      for (size_t j = i; j < deferred_.size(); ++j) tracker_->CancelMessage(deferred_[j]);
+      result = st;
+      break;
     }
   }
-  return Ok();
+  deferred_.clear();
+  deferred_data_.clear();
+  deferred_lengths_.clear();
+  deferred_bytes_ = 0;
+  return result;
 }
 
 void Publisher::DropDeferred() {
-  for (const DeferredRecord& d : deferred_) tracker_->CancelMessage(d.tx);
+  for (tracking::Transaction* tx : deferred_) tracker_->CancelMessage(tx);
   deferred_.clear();
+  deferred_data_.clear();
+  deferred_lengths_.clear();
   deferred_bytes_ = 0;
 }
 
@@ -517,7 +550,6 @@ Status Publisher::StartCommit() {
   }
   ending_progress_ = pending_;
   ending_ = true;
-  ending_handed_over_ = false;
   ending_members_ = std::exchange(txn_members_, {});
   txn_open_ = false;
   state_ = TxnState::kFlushing;
@@ -545,7 +577,7 @@ void Publisher::StartAbort(std::string reason) {
   // Every Kafka transaction not committed: one whose commit failed, and the
   // open one after it (which must not commit without it).
   std::vector<int> lanes;
-  if (ending_) lanes.push_back(ending_handed_over_ ? ending_lane_ : producer_->OpenLane());
+  if (ending_) lanes.push_back(handed_over_.load() ? ending_lane_ : producer_->OpenLane());
   if (txn_open_ && !begin_deferred_) lanes.push_back(producer_->OpenLane());
   DropDeferred();
   spdlog::warn("aborting {} Kafka transaction{} ({} PostgreSQL transactions): {}", lanes.size(),
@@ -587,7 +619,6 @@ Status Publisher::FinishWorker() {
               .count());
       committed_ = ending_progress_;
       ending_ = false;
-      ending_handed_over_ = false;
       for (tracking::Transaction* tx : std::exchange(ending_members_, {})) {
         tracker_->ReleaseHold(tx);
       }
@@ -605,7 +636,6 @@ Status Publisher::FinishWorker() {
   txn_open_ = false;
   begin_deferred_ = false;
   ending_ = false;
-  ending_handed_over_ = false;
   must_abort_.store(false);
   pending_ = committed_;
   for (tracking::Transaction* tx : std::exchange(ending_members_, {})) tracker_->AbandonHeld(tx);

@@ -240,21 +240,20 @@ class Publisher {
   // commit failed and is to be aborted with the open one: its members, what
   // Kafka holds once it commits, and its producer lane once handed over.
   bool ending_ = false;
-  bool ending_handed_over_ = false;
   std::vector<tracking::Transaction*> ending_members_;
   KafkaProgress ending_progress_;
-  int ending_lane_ = 0;  // written by the worker before handed_over_
-  std::atomic<bool> handed_over_{false};
+  int ending_lane_ = 0;                   // written by the worker before handed_over_
+  std::atomic<bool> handed_over_{false};  // ... and it stays set until the next StartCommit
   // The open Kafka transaction's first rows, read while the one before is
   // flushed: it begins, and they go to the producer, at the hand-over.
-  struct DeferredRecord {
-    std::string topic, event_type;
-    std::optional<std::string> key, value;
-    std::vector<std::pair<std::string, std::string>> headers;
-    tracking::Transaction* tx = nullptr;
-  };
   bool begin_deferred_ = false;
-  std::vector<DeferredRecord> deferred_;
+  // Their transactions in order; their topic, event type, key, value and
+  // headers one after another in deferred_data_, with the lengths in
+  // deferred_lengths_ (-1: no key or value; before the headers, their count).
+  // Cleared, not freed, at each hand-over: no allocation per row.
+  std::vector<tracking::Transaction*> deferred_;
+  std::string deferred_data_;
+  std::vector<int64_t> deferred_lengths_;
   int64_t deferred_bytes_ = 0;
   void Defer(const outbox::KafkaRecord& record, tracking::Transaction* tx);
   // At the hand-over: begins the open transaction and produces deferred_.
