@@ -63,16 +63,15 @@ void AckTracker::NoteRow(Transaction* tx, uint64_t xid8, int64_t offset) {
   runs.push_back(RowRange{xid8, offset, offset});
 }
 
-std::vector<uint64_t> AckTracker::TransactionIds(const Transaction& tx) {
-  std::vector<uint64_t> ids;
+void AckTracker::TransactionIds(const Transaction& tx, std::vector<uint64_t>* out) {
+  out->clear();
   // Almost always one value per transaction; a linear scan beats a set.
   for (const RowRange& run : tx.row_ranges) {
-    if (!ids.empty() && ids.back() == run.transaction_id) continue;
-    if (std::find(ids.begin(), ids.end(), run.transaction_id) == ids.end()) {
-      ids.push_back(run.transaction_id);
+    if (!out->empty() && out->back() == run.transaction_id) continue;
+    if (std::find(out->begin(), out->end(), run.transaction_id) == out->end()) {
+      out->push_back(run.transaction_id);
     }
   }
-  return ids;
 }
 
 void AckTracker::Commit(Transaction* tx, Lsn end_lsn) {

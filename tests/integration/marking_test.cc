@@ -239,8 +239,8 @@ void PrepareMarker(const std::string& database_url, const std::string& table, Pg
   options.table = outbox_relay::pg::QualifiedName{"public", table};
   marker->Exec(outbox_relay::marker::Marker::kSessionSettings);
   marker->Exec(fmt::format(
-      "PREPARE mark(xid8[], bigint[], bigint[], text, pg_lsn[], pg_lsn[], text[], bigint[], "
-      "int[]) AS {}",
+      "PREPARE mark(xid8[], bigint[], bigint[], text, pg_lsn[], pg_lsn[], xid8[], bigint[], "
+      "int[], text[], pg_lsn) AS {}",
       outbox_relay::marker::Marker::MarkSql(options)));
 }
 
@@ -281,8 +281,8 @@ TEST_F(Marking, TheStatementFindsRowsByPrimaryKeyNotByTheUnackedIndex) {
   Pg marker(env_.database_url);
   ASSERT_NO_FATAL_FAILURE(PrepareMarker(env_.database_url, name_, &marker));
   const std::string args = fmt::format(
-      "('{{{0}}}', '{{{1}}}', '{{{2}}}', {3}, '{{FF/1}}', '{{FF/2}}', '{{\"{{{0}}}\"}}', "
-      "'{{1}}', '{{3}}')",
+      "('{{{0}}}', '{{{1}}}', '{{{2}}}', {3}, '{{FF/1}}', '{{FF/2}}', '{{{0}}}', '{{1}}', '{{3}}', "
+      "'{{NULL}}', '0/0')",
       xid, first, last, QuoteLiteral(name_));
   std::string plan = Plan(marker, args);
   EXPECT_EQ(plan.find(name_ + "_acked"), std::string::npos)
@@ -335,13 +335,12 @@ TEST_F(Marking, ABatchProbesThePrimaryKeyOncePerRunWhereverItsRowsAre) {
         "SELECT string_agg(transaction_id::text, ',' ORDER BY offset_consumed), "
         "string_agg(offset_consumed::text, ',' ORDER BY offset_consumed), "
         "string_agg(format('0/%s', to_hex(offset_consumed * 64)), ',' ORDER BY offset_consumed), "
-        "string_agg(format('\"{{%s}}\"', transaction_id), ',' ORDER BY offset_consumed), "
-        "string_agg('1', ',') FROM {0} WHERE offset_acked IS NULL",
+        "string_agg('1', ','), string_agg('NULL', ',') FROM {0} WHERE offset_acked IS NULL",
         table));
     ASSERT_EQ(runs.size(), 1u);
     const std::string args = fmt::format(
-        "('{{{0}}}', '{{{1}}}', '{{{1}}}', {2}, '{{{3}}}', '{{{3}}}', '{{{4}}}', '{{{5}}}', "
-        "'{{{5}}}')",
+        "('{{{0}}}', '{{{1}}}', '{{{1}}}', {2}, '{{{3}}}', '{{{3}}}', '{{{0}}}', '{{{4}}}', "
+        "'{{{4}}}', '{{{5}}}', '0/0')",
         *runs[0][0], *runs[0][1], QuoteLiteral(name_), *runs[0][2], *runs[0][3], *runs[0][4]);
     // The statement runs once, under EXPLAIN ANALYZE: its plan and its work.
     std::string plan;
@@ -367,6 +366,103 @@ TEST_F(Marking, ABatchProbesThePrimaryKeyOncePerRunWhereverItsRowsAre) {
     db_->Exec(
         fmt::format("DELETE FROM outbox_relay.commits WHERE slot_name = {}", QuoteLiteral(name_)));
   }
+}
+
+// The commit index gets one entry per commit (replay reads it), and finding a
+// re-sent commit there was done for every row by ON CONFLICT DO NOTHING, a
+// sixth of a one-row transaction's statement. Now only commits at or below
+// the newest indexed one are looked up (Marker::MarkSql). Three ways a commit
+// comes to the marker again must still give one entry each, without an error:
+// twice in one statement (delivered, and re-sent after a stream restart
+// before the first was marked); again later; and indexed by another instance
+// after this marker connected (the zombie, or the instance a standby took
+// over from).
+TEST_F(Marking, ACommitThatComesAgainOrThatAnotherInstanceIndexedIsIndexedOnce) {
+  using outbox_relay::Lsn;
+  using outbox_relay::tracking::AckTracker;
+  using outbox_relay::tracking::Transaction;
+  CreateTables();
+  Pg writer(env_.database_url);
+  struct Commit {
+    uint64_t lsn;
+    uint64_t xid;
+    int64_t offset;
+  };
+  std::vector<Commit> commits;
+  for (uint64_t i = 1; i <= 3; ++i) {
+    WrittenRow row = InsertRow(writer, {.seq = static_cast<int>(i)});
+    std::vector<Row> key = db_->Query(
+        fmt::format("SELECT transaction_id::text, offset_consumed::text FROM {} WHERE uuid = {}",
+                    QuoteIdent(name_), QuoteLiteral(row.uuid)));
+    ASSERT_EQ(key.size(), 1u);
+    commits.push_back({0xA0000000 + i * 0x100, std::stoull(*key[0][0]), std::stoll(*key[0][1])});
+  }
+  AckTracker tracker(Lsn(0xA0000000));
+  auto deliver = [&](const Commit& c) {
+    Transaction* tx = tracker.Begin(Lsn(c.lsn), {}, static_cast<uint32_t>(c.xid));
+    tracker.AddMessage(tx);
+    AckTracker::NoteRow(tx, c.xid, c.offset);
+    tracker.Commit(tx, Lsn(c.lsn + 0x10));
+    tracker.OnDelivered(tx);
+  };
+  auto marked_through = [&](const Commit& c) {
+    auto deadline = std::chrono::steady_clock::now() + seconds(20);
+    while (tracker.confirmed() < Lsn(c.lsn + 0x10)) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+    return true;
+  };
+  auto entries = [&](const Commit& c) {
+    return db_->Int(
+        "SELECT count(*) FROM outbox_relay.commits WHERE slot_name = $1 AND commit_lsn = "
+        "$2::pg_lsn",
+        {name_, Lsn(c.lsn).ToString()});
+  };
+  outbox_relay::marker::MarkerOptions options;
+  options.database_url = env_.database_url;
+  options.table = outbox_relay::pg::QualifiedName{"public", name_};
+  options.slot_name = name_;
+  int errors = 0;
+  {
+    auto conn = outbox_relay::pg::Connection::Open(
+        env_.database_url, outbox_relay::pg::Connection::Mode::kNormal, "outbox-it");
+    ASSERT_TRUE(conn) << conn.error().message;
+    auto made = outbox_relay::pg::EnsureRelaySchema(*conn);
+    ASSERT_TRUE(made) << made.error().message;
+  }
+  // Twice before the marker starts: one statement.
+  deliver(commits[0]);
+  deliver(commits[0]);
+  outbox_relay::marker::Marker marker(options, &tracker,
+                                      [&](const outbox_relay::Error&) { ++errors; });
+  ASSERT_TRUE(marker.Start());
+  ASSERT_TRUE(marked_through(commits[0])) << "a commit twice in one statement is never marked";
+  EXPECT_EQ(entries(commits[0]), 1);
+
+  // Indexed by another instance after this marker connected, then delivered
+  // here: the insert fails on the primary key, the marker reads the index
+  // again and marks it without an entry of its own.
+  db_->Exec(fmt::format(
+      "INSERT INTO outbox_relay.commits (slot_name, commit_lsn, end_lsn, transaction_ids, "
+      "commit_time, row_count) VALUES ({}, '{}', '{}', '{{{}}}', now(), 1)",
+      QuoteLiteral(name_), Lsn(commits[1].lsn).ToString(), Lsn(commits[1].lsn + 0x10).ToString(),
+      commits[1].xid));
+  deliver(commits[1]);
+  ASSERT_TRUE(marked_through(commits[1]));
+  EXPECT_EQ(entries(commits[1]), 1);
+
+  // The first again, later, and a new one.
+  deliver(commits[0]);
+  deliver(commits[2]);
+  ASSERT_TRUE(marked_through(commits[2]));
+  marker.Stop(seconds(5));
+  EXPECT_EQ(entries(commits[0]), 1);
+  EXPECT_EQ(entries(commits[2]), 1);
+  EXPECT_EQ(UnackedRows(), 0);
+  EXPECT_EQ(errors, 0) << "a commit indexed by another instance was counted as a marking error";
+  db_->Exec(
+      fmt::format("DELETE FROM outbox_relay.commits WHERE slot_name = {}", QuoteLiteral(name_)));
 }
 
 }  // namespace

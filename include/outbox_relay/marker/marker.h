@@ -28,6 +28,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "outbox_relay/core/result.h"
@@ -132,8 +133,13 @@ class Marker {
   std::atomic<bool> exited_{false};  // Loop has returned
   // Reused parameter buffers.
   std::string run_xids_, run_firsts_, run_lasts_, commit_lsns_, end_lsns_, times_, counts_,
-      tx_xids_;
+      tx_xids_, more_xids_;
+  std::vector<uint64_t> ids_;
+  std::unordered_set<uint64_t> batch_commits_;  // commit LSNs already in the statement
   std::vector<uint64_t> invisible_;
+  // No commit of this slot above it is in the commit index, but for another
+  // instance's (see MarkSql): read when connecting, raised by each statement.
+  Lsn indexed_through_;
 };
 
 }  // namespace outbox_relay::marker

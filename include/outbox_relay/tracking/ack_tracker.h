@@ -119,8 +119,9 @@ class AckTracker {
   // Records the primary key of one row produced for `tx` (a record or its
   // dead letter): marking marks exactly these rows.
   static void NoteRow(Transaction* tx, uint64_t xid8, int64_t offset);
-  // The distinct xid8 values of `tx`'s rows, in first-seen order.
-  static std::vector<uint64_t> TransactionIds(const Transaction& tx);
+  // The distinct xid8 values of `tx`'s rows, in first-seen order, into `*out`
+  // (cleared first; a buffer the caller reuses).
+  static void TransactionIds(const Transaction& tx, std::vector<uint64_t>* out);
   void Commit(Transaction* tx, Lsn end_lsn);
   // The stream broke inside `tx`: its rows will be re-sent by the server.
   void Abandon(Transaction* tx);

@@ -208,7 +208,9 @@ TEST(AckTracker, RowsAreRecordedAsRunsOfConsecutiveOffsetsPerTransactionId) {
   }
   EXPECT_EQ(tx->row_ranges,
             (std::vector<RowRange>{{5, 10, 12}, {5, 14, 14}, {6, 15, 16}, {5, 17, 17}}));
-  EXPECT_EQ(AckTracker::TransactionIds(*tx), (std::vector<uint64_t>{5, 6}));
+  std::vector<uint64_t> ids{9};
+  AckTracker::TransactionIds(*tx, &ids);
+  EXPECT_EQ(ids, (std::vector<uint64_t>{5, 6}));
   t.Commit(tx, Lsn(100));
 }
 
