@@ -247,7 +247,7 @@ void Publisher::OnDelivery(const kafka::Delivery& d) {
     }
     must_abort_.store(true, std::memory_order_release);
     if (tx != nullptr) tracker_->OnDelivered(tx);
-    tracker_->Wake();
+    tracker_->Notify();
     return;
   }
   if (tx == nullptr) {
@@ -286,7 +286,7 @@ void Publisher::OnDelivery(const kafka::Delivery& d) {
       refused_.push_back(std::move(refused));
     }
     has_refused_.store(true, std::memory_order_release);
-    tracker_->Wake();
+    tracker_->Notify();
     return;
   }
   if (!tracker_->failure()) spdlog::error("{}", d.error->message);  // the first says it all
@@ -561,14 +561,14 @@ Status Publisher::StartCommit() {
     if (st) {
       ending_lane_ = producer_->HandOver();
       handed_over_.store(true, std::memory_order_release);
-      tracker_->Wake();
+      tracker_->Notify();
       const int lane = ending_lane_;
       st =
           RetryStep([this, lane](milliseconds t) { return producer_->CommitTransaction(lane, t); });
     }
     worker_result_ = st;
     worker_done_.store(true, std::memory_order_release);
-    tracker_->Wake();
+    tracker_->Notify();
   });
   return Ok();
 }
@@ -603,7 +603,7 @@ void Publisher::StartAbort(std::string reason) {
     }
     worker_result_ = result;
     worker_done_.store(true, std::memory_order_release);
-    tracker_->Wake();
+    tracker_->Notify();
   });
 }
 

@@ -309,6 +309,11 @@ bool AckTracker::WaitEmpty(std::chrono::milliseconds timeout) {
   return in_flight_.empty() && !failure_;
 }
 
+void AckTracker::Notify() {
+  std::lock_guard lock(mu_);
+  progress_.notify_all();
+}
+
 void AckTracker::Wake() {
   std::lock_guard lock(mu_);
   ++wakes_;

@@ -194,6 +194,39 @@ TEST_F(Marking, StatementsGatherTheTransactionsOfTheInterval) {
   EXPECT_EQ(relay.Wait(seconds(30)), std::optional<int>(0)) << relay.LogTail();
 }
 
+// The same in exactly-once mode, where the marker gets transactions at each
+// Kafka commit (--txn-interval-ms, 20 ms): the publisher woke the tracker's
+// waiters at every commit, the marker's wait for more transactions among
+// them, so it ran a statement per Kafka commit (2.5 times the marker's
+// PostgreSQL CPU of at-least-once at 500 rows/s, issue 13).
+TEST_F(Marking, StatementsGatherTheTransactionsOfTheIntervalInExactlyOnceMode) {
+  CreateTables();
+  const int metrics_port = FreeLocalPort(18400 + static_cast<int>(getpid() % 300));
+  auto statements = [&]() -> double {
+    HttpResponse r = HttpGet(metrics_port, "/metrics", milliseconds(2000));
+    return MetricValue(r.body, "outbox_relay_marker_statements_total").value_or(-1);
+  };
+  RelayProcess& relay =
+      StartRelay({"--metrics-addr", fmt::format("127.0.0.1:{}", metrics_port), "--delivery",
+                  "exactly-once", "--progress-topic", topic_prefix_ + ".progress"});
+  ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
+  double before = statements();
+  ASSERT_GE(before, 0) << "no outbox_relay_marker_statements_total on /metrics";
+  Pg writer(env_.database_url);
+  for (int i = 1; i <= 60; ++i) {  // 1.2 s
+    InsertRow(writer, {.seq = i});
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_EQ(WaitAllAcked(seconds(60)), 0) << DescribeUnacked() << relay.LogTail();
+  double gathered = statements() - before;
+  std::printf("exactly-once: %.0f marking statements for 60 one-row transactions in 1.2 s\n",
+              gathered);
+  EXPECT_LE(gathered, 12);
+  EXPECT_EQ(MisackedRows(), 0);
+  relay.Terminate();
+  EXPECT_EQ(relay.Wait(seconds(30)), std::optional<int>(0)) << relay.LogTail();
+}
+
 // The interval gathers small transactions only. A batch of many rows, and
 // whatever follows a statement that marked many (the last transactions of a
 // backlog), is marked at once: waiting would save a fixed ~0.4 ms against

@@ -187,8 +187,15 @@ class AckTracker {
   void WaitForProgress(std::chrono::milliseconds timeout);
   // Waits until nothing is in flight; false on timeout or failure.
   bool WaitEmpty(std::chrono::milliseconds timeout);
-  // Wakes every waiter (shutdown).
+  // Wakes every waiter, the marker's wait for more transactions included
+  // (shutdown).
   void Wake();
+  // Wakes the threads waiting for progress (WaitForProgress, WaitEmpty), not
+  // the marker: a Kafka transaction's hand-over or end, or a refused record,
+  // is news for the loop only. (Woken by the publisher at each Kafka commit,
+  // the marker ended its wait for more transactions each time: in
+  // exactly-once mode a statement every ~20 ms instead of every 200.)
+  void Notify();
 
  private:
   void Complete(Transaction* tx);                // pending reached 0
