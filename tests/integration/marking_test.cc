@@ -141,6 +141,13 @@ TEST_F(Marking, RowDecodedBeforeItIsVisibleIsStillMarked) {
   EXPECT_EQ(relay.Wait(seconds(30)), std::optional<int>(0)) << relay.LogTail();
 }
 
+// outbox_relay_marker_statements_total of the relay serving /metrics on `port`
+// (-1 when it is not there).
+double MarkerStatements(int port) {
+  HttpResponse r = HttpGet(port, "/metrics", milliseconds(2000));
+  return MetricValue(r.body, "outbox_relay_marker_statements_total").value_or(-1);
+}
+
 // --marker-interval-ms: at a steady rate of one-row transactions, one marking
 // statement marks what was delivered within the interval, not one statement
 // per transaction (the marker's cost to PostgreSQL is per statement: issue
@@ -150,10 +157,7 @@ TEST_F(Marking, RowDecodedBeforeItIsVisibleIsStillMarked) {
 TEST_F(Marking, StatementsGatherTheTransactionsOfTheInterval) {
   CreateTables();
   const int metrics_port = FreeLocalPort(18100 + static_cast<int>(getpid() % 300));
-  auto statements = [&]() -> double {
-    HttpResponse r = HttpGet(metrics_port, "/metrics", milliseconds(2000));
-    return MetricValue(r.body, "outbox_relay_marker_statements_total").value_or(-1);
-  };
+  auto statements = [&] { return MarkerStatements(metrics_port); };
   Pg writer(env_.database_url);
   // 60 one-row transactions 20 ms apart (1.2 s), then every row marked.
   auto steady_rate = [&](RelayProcess& relay, int first_seq) {
@@ -202,10 +206,7 @@ TEST_F(Marking, StatementsGatherTheTransactionsOfTheInterval) {
 TEST_F(Marking, StatementsGatherTheTransactionsOfTheIntervalInExactlyOnceMode) {
   CreateTables();
   const int metrics_port = FreeLocalPort(18400 + static_cast<int>(getpid() % 300));
-  auto statements = [&]() -> double {
-    HttpResponse r = HttpGet(metrics_port, "/metrics", milliseconds(2000));
-    return MetricValue(r.body, "outbox_relay_marker_statements_total").value_or(-1);
-  };
+  auto statements = [&] { return MarkerStatements(metrics_port); };
   RelayProcess& relay =
       StartRelay({"--metrics-addr", fmt::format("127.0.0.1:{}", metrics_port), "--delivery",
                   "exactly-once", "--progress-topic", topic_prefix_ + ".progress"});
