@@ -499,5 +499,73 @@ TEST_F(Marking, ACommitThatComesAgainOrThatAnotherInstanceIndexedIsIndexedOnce) 
       fmt::format("DELETE FROM outbox_relay.commits WHERE slot_name = {}", QuoteLiteral(name_)));
 }
 
+// The generic plan of the marker's statement is made once, with the commit
+// index's statistics of that moment: after an install or a TRUNCATE, an empty
+// index. A lookup of a commit there by subquery was then planned as one
+// hashed scan of all the slot's entries (NOT EXISTS), or as a scan of them
+// through the commit-time index (a scalar subquery), and the index grows by a
+// row per transaction: in a drain of 100,000 one-row transactions every
+// statement with a commit delivered out of LSN order (so at or below the
+// newest indexed one) read the whole index, 88,000 buffers by the 50th
+// statement, and the marker's CPU doubled. The lookup must stay one
+// primary-key probe whatever the index holds when it runs.
+TEST_F(Marking, ALookupOfTheCommitIndexStaysOneProbeAsTheIndexGrows) {
+  CreateTables();
+  Pg writer(env_.database_url);
+  WrittenRow row = InsertRow(writer, {.seq = 1});
+  std::vector<Row> key = db_->Query(
+      fmt::format("SELECT transaction_id::text, offset_consumed::text FROM {} WHERE uuid = {}",
+                  QuoteIdent(name_), QuoteLiteral(row.uuid)));
+  ASSERT_EQ(key.size(), 1u);
+  const std::string xid = *key[0][0], offset = *key[0][1];
+  Pg marker(env_.database_url);
+  ASSERT_NO_FATAL_FAILURE(PrepareMarker(env_.database_url, name_, &marker));
+  const std::string slot = QuoteLiteral(name_);
+  // The first execution makes the generic plan, while the slot has no entry
+  // and the statistics say so (as autovacuum leaves them after a TRUNCATE).
+  db_->Exec("ANALYZE outbox_relay.commits");
+  marker.Query(fmt::format(
+      "EXECUTE mark('{{}}', '{{}}', '{{}}', {}, '{{}}', '{{}}', '{{}}', '{{}}', '{{}}', '{{}}', "
+      "'0/0')",
+      slot));
+  constexpr int kEntries = 20000;
+  db_->Exec(fmt::format(
+      "INSERT INTO outbox_relay.commits (slot_name, commit_lsn, end_lsn, transaction_ids, "
+      "commit_time, row_count) SELECT {0}, ('10/' || to_hex(i * 256))::pg_lsn, "
+      "('10/' || to_hex(i * 256 + 16))::pg_lsn, ARRAY[(i + 4000000000)::text::xid8], now(), 1 "
+      "FROM generate_series(1, {1}) AS i",
+      slot, kEntries));
+  // A commit below the newest indexed one ($11) that is not in the index.
+  const std::string args = fmt::format(
+      "('{{{0}}}', '{{{1}}}', '{{{1}}}', {2}, '{{10/80}}', '{{10/90}}', '{{{0}}}', '{{1}}', "
+      "'{{1}}', '{{NULL}}', '20/0')",
+      xid, offset, slot);
+  std::string plan;
+  int64_t top_hits = -1;
+  for (const Row& line :
+       marker.Query("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) EXECUTE mark" + args)) {
+    const std::string text = line[0].value_or("");
+    plan += text + "\n";
+    constexpr std::string_view kHits = "Buffers: shared hit=";
+    if (size_t at = text.find(kHits); at != std::string::npos && top_hits < 0) {
+      top_hits = std::stoll(text.substr(at + kHits.size()));
+    }
+  }
+  EXPECT_EQ(plan.find("hashed"), std::string::npos)
+      << "the commit index is read whole to look up one commit:\n"
+      << plan;
+  EXPECT_GE(top_hits, 0) << plan;
+  EXPECT_LT(top_hits, 200) << "buffers the statement read, with " << kEntries
+                           << " entries in the index:\n"
+                           << plan;
+  EXPECT_EQ(UnackedRows(), 0) << plan;
+  EXPECT_EQ(db_->Int("SELECT count(*) FROM outbox_relay.commits WHERE slot_name = $1 AND "
+                     "commit_lsn = '10/80'",
+                     {name_}),
+            1)
+      << "the commit is indexed";
+  db_->Exec(fmt::format("DELETE FROM outbox_relay.commits WHERE slot_name = {}", slot));
+}
+
 }  // namespace
 }  // namespace outbox_test
