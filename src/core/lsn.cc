@@ -55,6 +55,8 @@ std::string_view ErrorCodeName(ErrorCode code) {
       return "cancelled";
     case ErrorCode::kAborted:
       return "aborted";
+    case ErrorCode::kDuplicateKey:
+      return "duplicate_key";
     case ErrorCode::kFatal:
       return "fatal";
   }

@@ -156,6 +156,8 @@ Error ErrorFromResult(const PGresult* res, PGconn* conn, std::string_view what) 
     code = ErrorCode::kSlotInUse;  // replication slot is active for another PID
   } else if (state == "42501") {
     code = ErrorCode::kPermission;
+  } else if (state == "23505") {
+    code = ErrorCode::kDuplicateKey;  // unique_violation
   } else if (state.starts_with("08") || state.starts_with("57P") || state == "53300" ||
              state == "40001" || state == "40P01" || state == "55P03") {
     // connection exceptions, admin shutdown / crash recovery, too many

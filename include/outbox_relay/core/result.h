@@ -26,6 +26,7 @@ enum class ErrorCode {
   kPermission,       // the database refused for lack of a privilege
   kCancelled,        // given up because the process was asked to stop (not a failure)
   kAborted,          // the Kafka transaction was aborted: what it held is sent again
+  kDuplicateKey,     // a row the statement inserts is there already (SQLSTATE 23505)
   kFatal,            // a state the process must not continue from
 };
 
@@ -50,6 +51,7 @@ inline Disposition DispositionOf(const Error& e) {
     case ErrorCode::kSlotLost:
     case ErrorCode::kPermission:
     case ErrorCode::kCancelled:
+    case ErrorCode::kDuplicateKey:
     case ErrorCode::kFatal:
       return Disposition::kStop;
   }

@@ -112,6 +112,7 @@ TEST(ErrorCodeName, NamesEveryCode) {
   EXPECT_EQ(ErrorCodeName(ErrorCode::kSlotInUse), "slot_in_use");
   EXPECT_EQ(ErrorCodeName(ErrorCode::kSlotLost), "slot_lost");
   EXPECT_EQ(ErrorCodeName(ErrorCode::kPermission), "permission");
+  EXPECT_EQ(ErrorCodeName(ErrorCode::kDuplicateKey), "duplicate_key");
   EXPECT_EQ(ErrorCodeName(ErrorCode::kFatal), "fatal");
 }
 
@@ -124,6 +125,7 @@ TEST(DispositionOf, RetriesOnlyWhatMaySucceedLaterAndDeadLettersOnlyPoison) {
   EXPECT_EQ(DispositionOf({ErrorCode::kInvalidArgument, ""}), Disposition::kStop);
   EXPECT_EQ(DispositionOf({ErrorCode::kSlotLost, ""}), Disposition::kStop);
   EXPECT_EQ(DispositionOf({ErrorCode::kPermission, ""}), Disposition::kStop);
+  EXPECT_EQ(DispositionOf({ErrorCode::kDuplicateKey, ""}), Disposition::kStop);
   EXPECT_EQ(DispositionOf({ErrorCode::kFatal, ""}), Disposition::kStop);
 }
 
