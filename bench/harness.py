@@ -58,6 +58,27 @@ def proc_cpu(pid):
         return None
 
 
+def proc_jit_cpu(pid):
+    """utime + stime of a JVM's JIT compiler threads ("C1 CompilerThre", "C2 CompilerThre"),
+    seconds; None when the process is gone."""
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for t in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{t}/comm") as f:
+                if "CompilerThre" not in f.read():
+                    continue
+            with open(f"/proc/{pid}/task/{t}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            continue  # a compiler thread that ended meanwhile
+    return total / CLK_TCK
+
+
 def proc_children_cpu(pid):
     """cutime + cstime: CPU of the children `pid` has reaped (the postmaster reaps backends)."""
     try:
@@ -759,6 +780,23 @@ END $$;
             if r.returncode != 0:
                 raise BenchError(f"transactional warm-up failed: {r.stderr.strip()}")
             log(f"transactional warm-up: {time.time() - t0:.1f} s")
+        if self.args.broker_warmup_seconds > 0:
+            # The broker's JIT: a fresh broker compiles its produce path during the first
+            # million records or so, and its transaction paths during the first exactly-once
+            # ones; without this the compilers took 0.5-0.9 CPU-s of a 200,000-row drain on
+            # two cores, charged to whichever contender ran those paths first.
+            t0 = time.time()
+            cmd = [self.admin_bin, "warm-load", self.brokers, topic,
+                   str(self.args.broker_warmup_seconds)]
+            if self.eos_will_run():
+                cmd.append(f"bench-warmload-{self.run_id}")
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            if r.returncode != 0:
+                raise BenchError(f"broker warm-up load failed: {r.stderr.strip()}")
+            kpid = self.kafka_pid()
+            log(f"broker warm-up load: {r.stdout.strip()} in {time.time() - t0:.1f} s"
+                + (f"; the broker's JIT compilers so far: {proc_jit_cpu(kpid):.1f} CPU-s"
+                   if kpid else ""))
 
     def eos_flags(self, topic_base):
         """The relay's exactly-once flags, with a progress topic of the contender's own,
@@ -941,6 +979,37 @@ END $$;
         self.result["drain"] = {}
         for size in self.drain_sizes():
             self.drain_size(size)
+
+    def warm_up_drains(self):
+        """Untimed drains of the relay into Kafka before anything is timed, the last step of
+        the broker's warm-up. A broker in service has run the relay's requests for days; a
+        fresh one runs them interpreted or half-compiled at first: in the first timed tx100
+        drains after a start its CPU was 7.7-8.4 CPU-s per million rows at-least-once and
+        11.2-15.0 exactly-once, against 1.0-2.6 and 6-8 once warm, on the two cores the
+        relay and PostgreSQL share (bench/README.md)."""
+        rounds = self.args.broker_warmup_drains
+        contenders = [c for c in ("relay-kafka", "relay-kafka-eos") if self.wanted(c)]
+        if rounds <= 0 or not contenders:
+            return
+        t0 = time.time()
+        drains = []
+        had_drain = "drain" in self.result
+        self.result.setdefault("drain", {})
+        for i in range(rounds):
+            size = {"name": f"warmup{i + 1}", "label": "broker warm-up, not counted",
+                    "tx": 2000, "rows_per_tx": 100, "contenders": contenders}
+            self.drain_size(size)
+            entry = self.result["drain"].pop(size["name"])
+            drains.append({c: {k: r.get(k) for k in (
+                "events_per_s", "kafka_broker_cpu_s_per_million",
+                "kafka_broker_jit_cpu_seconds")} for c, r in entry["contenders"].items()})
+        if not had_drain:
+            del self.result["drain"]
+        self.result["broker_warmup_drains"] = {"rounds": rounds, "rows_each": 200_000,
+                                               "seconds": round(time.time() - t0, 1),
+                                               "drains": drains}
+        log(f"broker warm-up drains: {rounds} x {', '.join(contenders)} in "
+            f"{time.time() - t0:.0f} s")
 
     def drain_size(self, size):
         rows = size["tx"] * size["rows_per_tx"]
@@ -1147,6 +1216,7 @@ END $$;
         db_pids = {}  # the contender's own (non-replication) database sessions: pid -> [role, cpu]
         kafka_pid = self.kafka_pid()
         kafka_cpu0 = proc_cpu(kafka_pid) if kafka_pid and sink == "kafka" else None
+        kafka_jit0 = proc_jit_cpu(kafka_pid) if kafka_cpu0 is not None else None
         first_event_t = None
         kafka_t = None
         done_t = None
@@ -1216,6 +1286,7 @@ END $$;
                 db_by_role[role] = db_by_role.get(role, 0.0) + c
             busy = machine_busy_cpu() - busy0
             kafka_cpu = (proc_cpu(kafka_pid) - kafka_cpu0) if kafka_cpu0 is not None else None
+            kafka_jit = (proc_jit_cpu(kafka_pid) - kafka_jit0) if kafka_jit0 is not None else None
             series.append((wall, delivered))
             txns = None
             # The marker's statements (each marks a batch of transactions): its PostgreSQL CPU
@@ -1280,6 +1351,9 @@ END $$;
         if kafka_cpu is not None:
             r["kafka_broker_cpu_seconds"] = kafka_cpu
             r["kafka_broker_cpu_s_per_million"] = kafka_cpu / rows * 1e6
+            # Of it, the broker's JIT compiling code the contender's requests ran first (a
+            # broker in service has compiled it long before): --broker-warmup-seconds.
+            r["kafka_broker_jit_cpu_seconds"] = kafka_jit
         if mark:
             marked = self.sql.value("SELECT count(*) FROM outbox WHERE offset_acked IS NOT NULL")
             r["rows_marked"] = int(marked)
@@ -2025,6 +2099,11 @@ END $$;
                             + (f"; heap {sz['heap_bytes'] / 2**20:.1f} MiB, indexes "
                                f"{sz['indexes_bytes'] / 2**20:.1f} MiB after the drain"
                                if sz else ""))
+                        if r.get("kafka_broker_jit_cpu_seconds") is not None:
+                            lines.append(
+                                f"{size:8s} {c}: the broker's JIT compilers used "
+                                f"{r['kafka_broker_jit_cpu_seconds']:.2f} of its "
+                                f"{r['kafka_broker_cpu_seconds']:.2f} CPU-s")
                         if r["table_updates"] < r.get("rows_measured", 0):
                             lines.append(f"{size:8s} {c}: WARNING: fewer UPDATEs than rows: it "
                                          "did not mark the whole backlog itself, its 'to "
@@ -2187,6 +2266,7 @@ END $$;
         phases = a.phases.split(",")
         if "drain" in phases or "live" in phases:
             self.warm_up_broker()
+            self.warm_up_drains()
         try:
             if "micro" in phases:
                 self.phase_micro()
@@ -2269,6 +2349,14 @@ def parse_args(argv):
                    help="load before the measured rates, at 10 %% of capacity")
     p.add_argument("--jvm-warmup-seconds", type=int, default=30,
                    help="Debezium's warm-up load, at 50 %% of capacity")
+    p.add_argument("--broker-warmup-seconds", type=float, default=8,
+                   help="before anything is timed, load the broker for this long as the "
+                        "at-least-once relay does and (exactly-once contenders to run) as long "
+                        "again in Kafka transactions, so that its JIT has compiled those paths "
+                        "(0: one record each)")
+    p.add_argument("--broker-warmup-drains", type=int, default=3,
+                   help="then drain this many untimed 200,000-row backlogs (100-row "
+                        "transactions) through each Kafka relay contender to run (0: none)")
     p.add_argument("--catch-up-timeout", type=float, default=300)
     p.add_argument("--db-cost-baseline", default="bench/baseline/db-cost-3982f78.json",
                    help="db-cost.json of a run at the commit target 1 compares with")

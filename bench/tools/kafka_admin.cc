@@ -10,10 +10,17 @@
 //       One transactional produce (init, begin, one record to TOPIC, commit): the broker's
 //       first transactional producer after a start creates the transaction state log, which
 //       must not fall on the first exactly-once contender's clock.
+//   bench_kafka_admin warm-load BROKERS TOPIC SECONDS [TRANSACTIONAL_ID]
+//       Produces to TOPIC for SECONDS as the at-least-once relay does (idempotent, acks=all,
+//       linger 3 ms, 400-byte records with headers), then, given TRANSACTIONAL_ID, for SECONDS
+//       more in Kafka transactions of 2,000 records, as the exactly-once relay does: the
+//       broker's JIT compiles its produce and transaction paths here, not on a contender's
+//       clock (a broker in service has run them for days).
 //
 // Exit status 0 on success; errors go to stderr.
 #include <librdkafka/rdkafka.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -194,11 +201,90 @@ int TxnWarmup(const char* brokers, const char* topic, const char* transactional_
   return rc;
 }
 
+// Produces one record, waiting while librdkafka's queue is full.
+bool ProduceOne(rd_kafka_t* rk, const char* topic, const std::string& key,
+                const std::string& value) {
+  while (true) {
+    rd_kafka_resp_err_t e =
+        rd_kafka_producev(rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_KEY(key.data(), key.size()),
+                          RD_KAFKA_V_VALUE(const_cast<char*>(value.data()), value.size()),
+                          RD_KAFKA_V_HEADER("uuid", "00000000-0000-0000-0000-000000000000", 36),
+                          RD_KAFKA_V_HEADER("event_type", "warm-up", 7),
+                          RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_END);
+    if (e == RD_KAFKA_RESP_ERR_NO_ERROR) return true;
+    if (e != RD_KAFKA_RESP_ERR__QUEUE_FULL) {
+      std::fprintf(stderr, "produce: %s\n", rd_kafka_err2str(e));
+      return false;
+    }
+    rd_kafka_poll(rk, 10);
+  }
+}
+
+int WarmLoad(const char* brokers, const char* topic, double seconds, const char* transactional_id) {
+  const std::string value(400, 'w');
+  long produced = 0;
+  auto load = [&](const char* txn_id) -> int {
+    char err[512];
+    rd_kafka_conf_t* conf = rd_kafka_conf_new();
+    std::vector<std::pair<const char*, const char*>> settings = {
+        {"bootstrap.servers", brokers},
+        {"enable.idempotence", "true"},
+        {"acks", "all"},
+        {"linger.ms", txn_id != nullptr ? "20" : "3"},
+        {"queue.buffering.max.kbytes", "16384"}};
+    if (txn_id != nullptr) settings.emplace_back("transactional.id", txn_id);
+    for (auto [k, v] : settings) {
+      if (rd_kafka_conf_set(conf, k, v, err, sizeof err) != RD_KAFKA_CONF_OK) {
+        std::fprintf(stderr, "%s: %s\n", k, err);
+        return 2;
+      }
+    }
+    rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
+    if (rk == nullptr) {
+      std::fprintf(stderr, "rd_kafka_new: %s\n", err);
+      return 2;
+    }
+    int rc = 0;
+    if (txn_id != nullptr) {
+      if (rd_kafka_error_t* e = rd_kafka_init_transactions(rk, 60000)) rc = Fail("init", e);
+    }
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (rc == 0 && std::chrono::steady_clock::now() < end) {
+      if (txn_id != nullptr) {
+        if (rd_kafka_error_t* e = rd_kafka_begin_transaction(rk)) {
+          rc = Fail("begin_transaction", e);
+          break;
+        }
+      }
+      for (int i = 0; i < 2000 && rc == 0; ++i, ++produced) {
+        if (!ProduceOne(rk, topic, "key-" + std::to_string(produced % 1000), value)) rc = 1;
+        rd_kafka_poll(rk, 0);
+      }
+      if (rc == 0 && txn_id != nullptr) {
+        if (rd_kafka_error_t* e = rd_kafka_commit_transaction(rk, 60000)) {
+          rc = Fail("commit_transaction", e);
+        }
+      }
+    }
+    if (rc == 0 && rd_kafka_flush(rk, 60000) != RD_KAFKA_RESP_ERR_NO_ERROR) {
+      std::fprintf(stderr, "flush timed out\n");
+      rc = 1;
+    }
+    rd_kafka_destroy(rk);
+    return rc;
+  };
+  int rc = load(nullptr);
+  if (rc == 0 && transactional_id != nullptr) rc = load(transactional_id);
+  if (rc == 0) std::printf("%ld records\n", produced);
+  return rc;
+}
+
 int Usage() {
   std::fprintf(stderr,
                "usage: bench_kafka_admin create BROKERS TOPIC PARTITIONS [CONFIG=VALUE ...]\n"
                "       bench_kafka_admin delete BROKERS PREFIX\n"
-               "       bench_kafka_admin txn-warmup BROKERS TOPIC TRANSACTIONAL_ID\n");
+               "       bench_kafka_admin txn-warmup BROKERS TOPIC TRANSACTIONAL_ID\n"
+               "       bench_kafka_admin warm-load BROKERS TOPIC SECONDS [TRANSACTIONAL_ID]\n");
   return 2;
 }
 
@@ -211,6 +297,9 @@ int main(int argc, char** argv) {
   if (argc == 4 && std::strcmp(argv[1], "delete") == 0) return Delete(argv[2], argv[3]);
   if (argc == 5 && std::strcmp(argv[1], "txn-warmup") == 0) {
     return TxnWarmup(argv[2], argv[3], argv[4]);
+  }
+  if ((argc == 5 || argc == 6) && std::strcmp(argv[1], "warm-load") == 0) {
+    return WarmLoad(argv[2], argv[3], std::atof(argv[4]), argc == 6 ? argv[5] : nullptr);
   }
   return Usage();
 }
