@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -166,20 +167,26 @@ int Fail(const char* what, rd_kafka_error_t* error) {
   return 1;
 }
 
-int TxnWarmup(const char* brokers, const char* topic, const char* transactional_id) {
+// A producer with `settings`; null (the reason on stderr) when librdkafka refuses them.
+rd_kafka_t* NewProducer(const std::vector<std::pair<const char*, const char*>>& settings) {
   char err[512];
   rd_kafka_conf_t* conf = rd_kafka_conf_new();
-  if (rd_kafka_conf_set(conf, "bootstrap.servers", brokers, err, sizeof err) != RD_KAFKA_CONF_OK ||
-      rd_kafka_conf_set(conf, "transactional.id", transactional_id, err, sizeof err) !=
-          RD_KAFKA_CONF_OK) {
-    std::fprintf(stderr, "conf: %s\n", err);
-    return 2;
+  for (auto [key, value] : settings) {
+    if (rd_kafka_conf_set(conf, key, value, err, sizeof err) != RD_KAFKA_CONF_OK) {
+      std::fprintf(stderr, "%s: %s\n", key, err);
+      rd_kafka_conf_destroy(conf);
+      return nullptr;
+    }
   }
   rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
-  if (rk == nullptr) {
-    std::fprintf(stderr, "rd_kafka_new: %s\n", err);
-    return 2;
-  }
+  if (rk == nullptr) std::fprintf(stderr, "rd_kafka_new: %s\n", err);
+  return rk;
+}
+
+int TxnWarmup(const char* brokers, const char* topic, const char* transactional_id) {
+  rd_kafka_t* rk =
+      NewProducer({{"bootstrap.servers", brokers}, {"transactional.id", transactional_id}});
+  if (rk == nullptr) return 2;
   int rc = 0;
   if (rd_kafka_error_t* e = rd_kafka_init_transactions(rk, 60000)) {
     rc = Fail("init_transactions", e);
@@ -224,8 +231,6 @@ int WarmLoad(const char* brokers, const char* topic, double seconds, const char*
   const std::string value(400, 'w');
   long produced = 0;
   auto load = [&](const char* txn_id) -> int {
-    char err[512];
-    rd_kafka_conf_t* conf = rd_kafka_conf_new();
     std::vector<std::pair<const char*, const char*>> settings = {
         {"bootstrap.servers", brokers},
         {"enable.idempotence", "true"},
@@ -233,17 +238,8 @@ int WarmLoad(const char* brokers, const char* topic, double seconds, const char*
         {"linger.ms", txn_id != nullptr ? "20" : "3"},
         {"queue.buffering.max.kbytes", "16384"}};
     if (txn_id != nullptr) settings.emplace_back("transactional.id", txn_id);
-    for (auto [k, v] : settings) {
-      if (rd_kafka_conf_set(conf, k, v, err, sizeof err) != RD_KAFKA_CONF_OK) {
-        std::fprintf(stderr, "%s: %s\n", k, err);
-        return 2;
-      }
-    }
-    rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
-    if (rk == nullptr) {
-      std::fprintf(stderr, "rd_kafka_new: %s\n", err);
-      return 2;
-    }
+    rd_kafka_t* rk = NewProducer(settings);
+    if (rk == nullptr) return 2;
     int rc = 0;
     if (txn_id != nullptr) {
       if (rd_kafka_error_t* e = rd_kafka_init_transactions(rk, 60000)) rc = Fail("init", e);
