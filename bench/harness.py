@@ -48,35 +48,38 @@ class BenchError(Exception):
 # Process accounting (/proc)
 # --------------------------------------------------------------------------------------------
 
-def proc_cpu(pid):
-    """utime + stime of the whole thread group, seconds; None when the process is gone."""
+def stat_cpu(path):
+    """utime + stime from a /proc stat file, seconds; None when it is gone."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
+        with open(path) as f:
             fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / CLK_TCK
     except (OSError, IndexError, ValueError):
         return None
 
 
+def proc_cpu(pid):
+    """utime + stime of the whole thread group, seconds; None when the process is gone."""
+    return stat_cpu(f"/proc/{pid}/stat")
+
+
 def proc_jit_cpu(pid):
     """utime + stime of a JVM's JIT compiler threads ("C1 CompilerThre", "C2 CompilerThre"),
     seconds; None when the process is gone."""
-    total = 0
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return None
+    total = 0.0
     for t in tasks:
         try:
             with open(f"/proc/{pid}/task/{t}/comm") as f:
                 if "CompilerThre" not in f.read():
                     continue
-            with open(f"/proc/{pid}/task/{t}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        except (OSError, IndexError, ValueError):
-            continue  # a compiler thread that ended meanwhile
-    return total / CLK_TCK
+        except OSError:
+            continue  # a thread that ended meanwhile
+        total += stat_cpu(f"/proc/{pid}/task/{t}/stat") or 0.0
+    return total
 
 
 def proc_children_cpu(pid):
@@ -984,9 +987,9 @@ END $$;
         """Untimed drains of the relay into Kafka before anything is timed, the last step of
         the broker's warm-up. A broker in service has run the relay's requests for days; a
         fresh one runs them interpreted or half-compiled at first: in the first timed tx100
-        drains after a start its CPU was 7.7-8.4 CPU-s per million rows at-least-once and
-        11.2-15.0 exactly-once, against 1.0-2.6 and 6-8 once warm, on the two cores the
-        relay and PostgreSQL share (bench/README.md)."""
+        drains after a start its CPU was 7.1-8.5 CPU-s per million rows at-least-once and
+        10.9-12.3 exactly-once, against 1.8-3.9 and 4.3-6.8 after this warm-up, on the two
+        cores the relay and PostgreSQL share (bench/README.md, "The broker's warm-up")."""
         rounds = self.args.broker_warmup_drains
         contenders = [c for c in ("relay-kafka", "relay-kafka-eos") if self.wanted(c)]
         if rounds <= 0 or not contenders:

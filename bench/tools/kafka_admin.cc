@@ -32,18 +32,11 @@ namespace {
 
 constexpr int kTimeoutMs = 30000;
 
+rd_kafka_t* NewProducer(const std::vector<std::pair<const char*, const char*>>& settings);
+
 rd_kafka_t* Connect(const char* brokers) {
-  char err[512];
-  rd_kafka_conf_t* conf = rd_kafka_conf_new();
-  if (rd_kafka_conf_set(conf, "bootstrap.servers", brokers, err, sizeof err) != RD_KAFKA_CONF_OK) {
-    std::fprintf(stderr, "bootstrap.servers: %s\n", err);
-    std::exit(2);
-  }
-  rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
-  if (rk == nullptr) {
-    std::fprintf(stderr, "rd_kafka_new: %s\n", err);
-    std::exit(2);
-  }
+  rd_kafka_t* rk = NewProducer({{"bootstrap.servers", brokers}});
+  if (rk == nullptr) std::exit(2);
   return rk;
 }
 
