@@ -156,6 +156,11 @@ void AddRunFlags(CLI::App& app, RelayConfig& c) {
                  "at once)")
       ->envname("OUTBOX_MARKER_INTERVAL_MS")
       ->capture_default_str();
+  app.add_option("--marker-split-rows", c.marker_split_rows,
+                 "A batch of at least this many rows is marked by two statements at once on "
+                 "two connections, half of its transactions each (0: always one statement)")
+      ->envname("OUTBOX_MARKER_SPLIT_ROWS")
+      ->capture_default_str();
   app.add_option("--status-interval-ms", c.status_interval_ms,
                  "Standby status update interval (keep well below wal_sender_timeout)")
       ->envname("OUTBOX_STATUS_INTERVAL_MS")
@@ -606,6 +611,8 @@ Status Validate(RelayConfig& c) {
   if (c.marker_interval_ms < 0 || c.marker_interval_ms > 1000) {
     return BadSetting("--marker-interval-ms", "OUTBOX_MARKER_INTERVAL_MS", "must be 0..1000");
   }
+  if (c.marker_split_rows < 0)
+    return BadSetting("--marker-split-rows", "OUTBOX_MARKER_SPLIT_ROWS", "must be >= 0");
   if (c.status_interval_ms < 10 || c.status_interval_ms > 60000) {
     return BadSetting("--status-interval-ms", "OUTBOX_STATUS_INTERVAL_MS", "must be 10..60000");
   }

@@ -233,6 +233,7 @@ Status Relay::Prepare() {
     }
     mo.batch_max = static_cast<size_t>(config_.marker_batch);
     mo.interval = std::chrono::milliseconds(config_.marker_interval_ms);
+    mo.rows_worth_two_statements = static_cast<uint64_t>(config_.marker_split_rows);
     mo.on_statement = [this] { metrics_.marker_statements().Increment(); };
     mo.network = config_.pg_network;
     marker_ = std::make_unique<marker::Marker>(mo, tracker_.get(), [this](const Error&) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <future>
 
 namespace outbox_relay::marker {
 
@@ -108,29 +109,36 @@ std::string Marker::MarkSql(const MarkerOptions& o) {
       fmt::arg("marked", marked), fmt::arg("insert", insert));
 }
 
-Status Marker::Connect() {
-  conn_.reset();
+Status Marker::Connect(size_t i) {
+  Lane& lane = lanes_[i];
+  lane.conn.reset();
   auto conn = pg::Connection::Open(options_.database_url, pg::Connection::Mode::kNormal,
                                    "outbox-relay-marker", options_.network);
   if (!conn) return std::unexpected(conn.error());
   conn->set_abort(&aborted_);
   if (auto set = conn->Exec(kSessionSettings); !set) return std::unexpected(set.error());
-  std::optional<std::string> slot[] = {options_.slot_name};
-  auto newest = conn->ExecParams(
-      "SELECT coalesce(max(commit_lsn), '0/0')::text FROM outbox_relay.commits"
-      " WHERE slot_name = $1",
-      slot);
-  if (!newest) return std::unexpected(newest.error());
-  auto lsn = Lsn::Parse(pg::GetValue(newest->get(), 0, 0).value_or(""));
-  if (!lsn) return std::unexpected(lsn.error());
-  indexed_through_ = *lsn;
+  if (i == 0) {
+    std::optional<std::string> slot[] = {options_.slot_name};
+    auto newest = conn->ExecParams(
+        "SELECT coalesce(max(commit_lsn), '0/0')::text FROM outbox_relay.commits"
+        " WHERE slot_name = $1",
+        slot);
+    if (!newest) return std::unexpected(newest.error());
+    auto lsn = Lsn::Parse(pg::GetValue(newest->get(), 0, 0).value_or(""));
+    if (!lsn) return std::unexpected(lsn.error());
+    indexed_through_ = *lsn;
+  }
   if (auto st = conn->Prepare(kStatementName, MarkSql(options_), 11); !st) return st;
-  conn_.emplace(std::move(*conn));
+  lane.conn.emplace(std::move(*conn));
   return Ok();
 }
 
+void Marker::Disconnect() {
+  for (Lane& lane : lanes_) lane.conn.reset();
+}
+
 Status Marker::Start() {
-  auto ok = Connect();
+  auto ok = Connect(0);
   if (!ok) return ok;
   thread_ = std::thread([this] { Loop(); });
   return Ok();
@@ -185,10 +193,10 @@ void Marker::Loop() {
       tracker_->TakeDelivered(&batch, options_.batch_max, std::chrono::milliseconds(0));
     }
     if (batch.empty()) {
-      if (options_.progress != nullptr && (conn_ || Connect())) {
-        if (auto st = options_.progress->Idle(*conn_); !st) {
+      if (options_.progress != nullptr && (lanes_[0].conn || Connect(0))) {
+        if (auto st = options_.progress->Idle(*lanes_[0].conn); !st) {
           spdlog::warn("marker: {}", st.error().message);
-          conn_.reset();
+          Disconnect();
         }
       }
       if (stopping_.load()) return;
@@ -198,11 +206,13 @@ void Marker::Loop() {
     while (true) {
       marked.clear();
       not_visible.clear();
-      Status st = conn_ ? Ok() : Connect();
+      Status st = lanes_[0].conn ? Ok() : Connect(0);
       if (st) st = MarkBatch(batch, &marked, &not_visible);
-      if (st && options_.progress != nullptr) st = options_.progress->AfterMark(*conn_);
+      if (st && options_.progress != nullptr) st = options_.progress->AfterMark(*lanes_[0].conn);
       if (st) break;
-      conn_.reset();
+      // Both connections: a half that committed raised the newest indexed
+      // commit, and the reconnection reads it.
+      Disconnect();
       if (!conflict_retried && st.error().code == ErrorCode::kDuplicateKey) {
         // Another instance indexed commits above indexed_through_ since this
         // one connected (see MarkSql): connect again, which reads it anew.
@@ -247,94 +257,152 @@ void Marker::Loop() {
   }
 }
 
+size_t Marker::SplitPoint(const std::vector<tracking::Transaction*>& batch) {
+  if (options_.rows_worth_two_statements == 0 || batch.size() < 2) return 0;
+  uint64_t rows = 0;
+  for (const tracking::Transaction* tx : batch) rows += tx->rows_seen;
+  if (rows < options_.rows_worth_two_statements) return 0;
+  // Two statements must not touch the same rows or index entries: they would
+  // wait for each other's locks (or deadlock), and both would insert the
+  // commit's entry. So only commits, each once: no backfilled rows (a page
+  // re-read after a restart may overlap the first reading's) and no commit
+  // that came again (re-sent after a stream restart) in the batch.
+  std::unordered_set<uint64_t> commits;
+  commits.reserve(batch.size());
+  for (const tracking::Transaction* tx : batch) {
+    if (tx->final_lsn.value() == 0 || !commits.insert(tx->final_lsn.value()).second) return 0;
+  }
+  uint64_t sum = 0;
+  for (size_t i = 0; i + 1 < batch.size(); ++i) {
+    sum += batch[i]->rows_seen;
+    if (sum * 2 >= rows) return i + 1;
+  }
+  return 0;
+}
+
 Status Marker::MarkBatch(const std::vector<tracking::Transaction*>& batch,
                          std::vector<tracking::Transaction*>* marked,
                          std::vector<tracking::Transaction*>* not_visible) {
+  const std::span<tracking::Transaction* const> all(batch);
+  const std::string indexed_through = indexed_through_.ToString();
+  const size_t cut = SplitPoint(batch);
+  lanes_[1].invisible.clear();
+  int succeeded = 0;
+  Status st = Ok();
+  if (cut == 0) {
+    st = MarkPart(lanes_[0], all, indexed_through);
+    succeeded = st ? 1 : 0;
+  } else {
+    if (!lanes_[1].conn) st = Connect(1);
+    if (!st) return st;
+    // The second half on a thread of its own, the first on this one; each
+    // commits by itself. When one fails the batch is retried whole: the
+    // other's rows are marked already (the statement skips them) and its
+    // commits are indexed at or below the newest indexed commit, which the
+    // reconnection reads (ON CONFLICT DO NOTHING).
+    auto second = std::async(
+        std::launch::async, [&] { return MarkPart(lanes_[1], all.subspan(cut), indexed_through); });
+    st = MarkPart(lanes_[0], all.first(cut), indexed_through);
+    Status st2 = second.get();
+    succeeded = (st ? 1 : 0) + (st2 ? 1 : 0);
+    if (st && !st2) st = std::move(st2);
+  }
+  if (options_.on_statement) {
+    for (int i = 0; i < succeeded; ++i) options_.on_statement();
+  }
+  if (!st) return st;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    tracking::Transaction* tx = batch[i];
+    const std::vector<uint64_t>& invisible = lanes_[cut != 0 && i >= cut ? 1 : 0].invisible;
+    bool visible = std::none_of(
+        tx->row_ranges.begin(), tx->row_ranges.end(), [&](const tracking::RowRange& run) {
+          return std::find(invisible.begin(), invisible.end(), run.transaction_id) !=
+                 invisible.end();
+        });
+    (visible ? marked : not_visible)->push_back(tx);
+    if (visible) indexed_through_ = std::max(indexed_through_, tx->final_lsn);
+  }
+  return Ok();
+}
+
+Status Marker::MarkPart(Lane& lane, std::span<tracking::Transaction* const> part,
+                        const std::string& indexed_through) {
   // Array literals in text form: {1,2,3}; the further xids of a commit as
   // "{a,b}" (NULL when it has one).
-  for (std::string* s : {&run_xids_, &run_firsts_, &run_lasts_, &commit_lsns_, &end_lsns_,
-                         &tx_xids_, &times_, &counts_, &more_xids_}) {
+  for (std::string* s :
+       {&lane.run_xids, &lane.run_firsts, &lane.run_lasts, &lane.commit_lsns, &lane.end_lsns,
+        &lane.tx_xids, &lane.times, &lane.counts, &lane.more_xids}) {
     s->clear();
     s->push_back('{');
   }
   auto out = [](std::string& s) { return std::back_inserter(s); };
   bool first_run = true;
   bool first_commit = true;
-  batch_commits_.clear();
-  for (const tracking::Transaction* tx : batch) {
+  lane.commits.clear();
+  for (const tracking::Transaction* tx : part) {
     for (const tracking::RowRange& run : tx->row_ranges) {
       const char* rsep = first_run ? "" : ",";
-      fmt::format_to(out(run_xids_), "{}{}", rsep, run.transaction_id);
-      fmt::format_to(out(run_firsts_), "{}{}", rsep, run.first);
-      fmt::format_to(out(run_lasts_), "{}{}", rsep, run.last);
+      fmt::format_to(out(lane.run_xids), "{}{}", rsep, run.transaction_id);
+      fmt::format_to(out(lane.run_firsts), "{}{}", rsep, run.first);
+      fmt::format_to(out(lane.run_lasts), "{}{}", rsep, run.last);
       first_run = false;
     }
     // One index entry per commit: after a stream restart the same commit can
     // be here twice (delivered before, and re-sent), and two inserts of one
     // key in a statement would fail it every time.
-    if (tx->final_lsn.value() != 0 && !batch_commits_.insert(tx->final_lsn.value()).second) {
+    if (tx->final_lsn.value() != 0 && !lane.commits.insert(tx->final_lsn.value()).second) {
       continue;
     }
     const char* sep = first_commit ? "" : ",";
     first_commit = false;
-    fmt::format_to(out(commit_lsns_), "{}{}", sep, tx->final_lsn);
-    fmt::format_to(out(end_lsns_), "{}{}", sep, tx->end_lsn);
-    fmt::format_to(out(times_), "{}{}", sep, tx->commit_time.micros);
+    fmt::format_to(out(lane.commit_lsns), "{}{}", sep, tx->final_lsn);
+    fmt::format_to(out(lane.end_lsns), "{}{}", sep, tx->end_lsn);
+    fmt::format_to(out(lane.times), "{}{}", sep, tx->commit_time.micros);
     uint64_t rows = 0;  // the rows noted: produced, or (exactly-once) already in Kafka
     for (const tracking::RowRange& run : tx->row_ranges) {
       rows += static_cast<uint64_t>(run.last - run.first + 1);
     }
-    fmt::format_to(out(counts_), "{}{}", sep, rows);
-    tracking::AckTracker::TransactionIds(*tx, &ids_);
-    fmt::format_to(out(tx_xids_), "{}{}", sep, ids_.front());
-    more_xids_.append(sep);
-    if (ids_.size() == 1) {
-      more_xids_.append("NULL");
+    fmt::format_to(out(lane.counts), "{}{}", sep, rows);
+    tracking::AckTracker::TransactionIds(*tx, &lane.ids);
+    fmt::format_to(out(lane.tx_xids), "{}{}", sep, lane.ids.front());
+    lane.more_xids.append(sep);
+    if (lane.ids.size() == 1) {
+      lane.more_xids.append("NULL");
     } else {
-      more_xids_.append("\"{");
-      for (size_t j = 1; j < ids_.size(); ++j) {
-        fmt::format_to(out(more_xids_), "{}{}", j == 1 ? "" : ",", ids_[j]);
+      lane.more_xids.append("\"{");
+      for (size_t j = 1; j < lane.ids.size(); ++j) {
+        fmt::format_to(out(lane.more_xids), "{}{}", j == 1 ? "" : ",", lane.ids[j]);
       }
-      more_xids_.append("}\"");
+      lane.more_xids.append("}\"");
     }
   }
-  for (std::string* s : {&run_xids_, &run_firsts_, &run_lasts_, &commit_lsns_, &end_lsns_,
-                         &tx_xids_, &times_, &counts_, &more_xids_}) {
+  for (std::string* s :
+       {&lane.run_xids, &lane.run_firsts, &lane.run_lasts, &lane.commit_lsns, &lane.end_lsns,
+        &lane.tx_xids, &lane.times, &lane.counts, &lane.more_xids}) {
     s->push_back('}');
   }
-  const std::string indexed_through = indexed_through_.ToString();
-  const char* values[11] = {run_xids_.c_str(),          run_firsts_.c_str(),    run_lasts_.c_str(),
-                            options_.slot_name.c_str(), commit_lsns_.c_str(),   end_lsns_.c_str(),
-                            tx_xids_.c_str(),           times_.c_str(),         counts_.c_str(),
-                            more_xids_.c_str(),         indexed_through.c_str()};
-  auto marked_rows = conn_->ExecPrepared(kStatementName, values);
+  const char* values[11] = {
+      lane.run_xids.c_str(),      lane.run_firsts.c_str(),  lane.run_lasts.c_str(),
+      options_.slot_name.c_str(), lane.commit_lsns.c_str(), lane.end_lsns.c_str(),
+      lane.tx_xids.c_str(),       lane.times.c_str(),       lane.counts.c_str(),
+      lane.more_xids.c_str(),     indexed_through.c_str()};
+  auto marked_rows = lane.conn->ExecPrepared(kStatementName, values);
   if (!marked_rows) {
     Error e = marked_rows.error();
     e.message = "mark delivered rows: " + e.message;
     return std::unexpected(std::move(e));
   }
-  const pg::ResultHandle& res = *marked_rows;
   // "{12,15}": the transaction ids not visible yet.
-  invisible_.clear();
-  std::string_view list = pg::GetValue(res.get(), 0, 2).value_or("{}");
+  lane.invisible.clear();
+  std::string_view list = pg::GetValue(marked_rows->get(), 0, 2).value_or("{}");
   for (size_t pos = 1; pos < list.size();) {
     size_t end = list.find_first_of(",}", pos);
     if (end == std::string_view::npos || end == pos) break;
     uint64_t id = 0;
     std::from_chars(list.data() + pos, list.data() + end, id);
-    invisible_.push_back(id);
+    lane.invisible.push_back(id);
     pos = end + 1;
   }
-  for (tracking::Transaction* tx : batch) {
-    bool visible = std::none_of(
-        tx->row_ranges.begin(), tx->row_ranges.end(), [&](const tracking::RowRange& run) {
-          return std::find(invisible_.begin(), invisible_.end(), run.transaction_id) !=
-                 invisible_.end();
-        });
-    (visible ? marked : not_visible)->push_back(tx);
-    if (visible) indexed_through_ = std::max(indexed_through_, tx->final_lsn);
-  }
-  if (options_.on_statement) options_.on_statement();
   return Ok();
 }
 

@@ -47,6 +47,11 @@ TEST_F(Config, BadSettingFailsAtStartNamingIt) {
        2},
       {"--slot with upper-case letters", {"--slot", "Bad-Slot"}, {}, "--slot", 2},
       {"--status-interval-ms 0", {"--status-interval-ms", "0"}, {}, "--status-interval-ms", 2},
+      {"OUTBOX_MARKER_SPLIT_ROWS -1",
+       {},
+       {{"OUTBOX_MARKER_SPLIT_ROWS", "-1"}},
+       "--marker-split-rows (OUTBOX_MARKER_SPLIT_ROWS)",
+       2},
   };
   RunCases(cases);
 }

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <thread>
 
@@ -497,6 +498,183 @@ TEST_F(Marking, ACommitThatComesAgainOrThatAnotherInstanceIndexedIsIndexedOnce) 
   EXPECT_EQ(errors, 0) << "a commit indexed by another instance was counted as a marking error";
   db_->Exec(
       fmt::format("DELETE FROM outbox_relay.commits WHERE slot_name = {}", QuoteLiteral(name_)));
+}
+
+// A backlog's last batch was one statement, run by one backend on one core
+// while the other core waited: 0.25 s of a 1.74 s drain of 200,000 rows. A
+// batch of at least rows_worth_two_statements rows is two statements at once,
+// on two connections, half of its transactions each; each half commits by
+// itself, and when one fails the batch is retried whole.
+class MarkingInTwo : public Marking {
+ protected:
+  static constexpr int kTransactions = 12;
+  static constexpr int kRowsEach = 50;
+  struct Commit {
+    uint64_t lsn;
+    uint64_t xid;
+  };
+
+  void SetUp() override {
+    Marking::SetUp();
+    CreateTables();
+    table_ = QuoteIdent(name_);
+    Pg writer(env_.database_url);
+    writer.Exec(fmt::format(
+        "DO $$ BEGIN FOR i IN 1..{1} LOOP INSERT INTO {0} (uuid, payload, metadata) SELECT "
+        "gen_random_uuid()::text, '{{}}', '{{}}' FROM generate_series(1, {2}); COMMIT; END LOOP; "
+        "END $$",
+        table_, kTransactions, kRowsEach));
+    for (const Row& r : db_->Query(fmt::format("SELECT transaction_id::text FROM {} GROUP BY 1 "
+                                               "ORDER BY min(offset_consumed)",
+                                               table_))) {
+      commits_.push_back({0xB0000000 + (commits_.size() + 1) * 0x100, std::stoull(*r[0])});
+    }
+    ASSERT_EQ(commits_.size(), static_cast<size_t>(kTransactions));
+    auto conn = outbox_relay::pg::Connection::Open(
+        env_.database_url, outbox_relay::pg::Connection::Mode::kNormal, "outbox-it");
+    ASSERT_TRUE(conn) << conn.error().message;
+    auto made = outbox_relay::pg::EnsureRelaySchema(*conn);
+    ASSERT_TRUE(made) << made.error().message;
+    // Every marking UPDATE of the table that commits leaves its backend, its
+    // start and end, and the rows it changed; each takes at least a second.
+    db_->Exec(fmt::format(
+        "CREATE TABLE {0}_statements (pid int, started timestamptz, ended timestamptz, rows "
+        "bigint);"
+        "CREATE FUNCTION {0}_slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "PERFORM set_config('outbox_it.started', clock_timestamp()::text, true); "
+        "PERFORM pg_sleep(1); RETURN NULL; END $$;"
+        "CREATE FUNCTION {0}_log() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "INSERT INTO {0}_statements SELECT pg_backend_pid(), "
+        "current_setting('outbox_it.started')::timestamptz, clock_timestamp(), count(*) FROM n; "
+        "RETURN NULL; END $$;"
+        "CREATE TRIGGER slow BEFORE UPDATE ON {1} FOR EACH STATEMENT EXECUTE FUNCTION {0}_slow();"
+        "CREATE TRIGGER log AFTER UPDATE ON {1} REFERENCING NEW TABLE AS n FOR EACH STATEMENT "
+        "EXECUTE FUNCTION {0}_log()",
+        name_, table_));
+  }
+
+  void TearDown() override {
+    db_->Exec(
+        fmt::format("DELETE FROM outbox_relay.commits WHERE slot_name = {}", QuoteLiteral(name_)));
+    db_->Exec(
+        fmt::format("DROP TABLE IF EXISTS {0}_statements; DROP SEQUENCE IF EXISTS {0}_fail; "
+                    "DROP FUNCTION IF EXISTS {0}_slow, {0}_log, {0}_fail CASCADE",
+                    name_));
+    Marking::TearDown();
+  }
+
+  // Delivers every commit before the marker starts (so they are one batch),
+  // runs the marker until the last is confirmed, and checks that every row is
+  // marked and every commit indexed once.
+  void MarkAll(uint64_t rows_worth_two_statements, int* statements, int* errors) {
+    using outbox_relay::Lsn;
+    using outbox_relay::tracking::AckTracker;
+    using outbox_relay::tracking::Transaction;
+    AckTracker tracker(Lsn(0xB0000000));
+    for (const Commit& c : commits_) {
+      Transaction* tx = tracker.Begin(Lsn(c.lsn), {}, static_cast<uint32_t>(c.xid));
+      for (const Row& r : db_->Query(
+               fmt::format("SELECT offset_consumed::text FROM {} WHERE transaction_id = '{}'::xid8",
+                           table_, c.xid))) {
+        tracker.AddMessage(tx);
+        AckTracker::NoteRow(tx, c.xid, std::stoll(*r[0]));
+        ++tx->rows_seen;
+      }
+      tracker.Commit(tx, Lsn(c.lsn + 0x10));
+      for (int i = 0; i < kRowsEach; ++i) tracker.OnDelivered(tx);
+    }
+    outbox_relay::marker::MarkerOptions options;
+    options.database_url = env_.database_url;
+    options.table = outbox_relay::pg::QualifiedName{"public", name_};
+    options.slot_name = name_;
+    options.rows_worth_two_statements = rows_worth_two_statements;
+    options.on_statement = [&] { ++*statements; };
+    outbox_relay::marker::Marker marker(options, &tracker, [&](const outbox_relay::Error& e) {
+      ++*errors;
+      std::fprintf(stderr, "marker error: %s\n", e.message.c_str());
+    });
+    ASSERT_TRUE(marker.Start());
+    const Lsn last(commits_.back().lsn + 0x10);
+    auto deadline = std::chrono::steady_clock::now() + seconds(30);
+    while (tracker.confirmed() < last && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+    marker.Stop(seconds(5));
+    EXPECT_EQ(tracker.confirmed(), last) << "not every transaction was marked";
+    EXPECT_EQ(UnackedRows(), 0);
+    EXPECT_EQ(MisackedRows(), 0);
+    EXPECT_EQ(db_->Int("SELECT count(*) FROM outbox_relay.commits WHERE slot_name = $1", {name_}),
+              kTransactions)
+        << "commits indexed";
+    EXPECT_EQ(db_->Int("SELECT count(DISTINCT commit_lsn) FROM outbox_relay.commits WHERE "
+                       "slot_name = $1 AND row_count = $2",
+                       {name_, std::to_string(kRowsEach)}),
+              kTransactions)
+        << "one entry per commit, with its rows";
+  }
+
+  // The marking statements that committed, in the order they ended.
+  std::vector<Row> Statements() {
+    return db_->Query(
+        fmt::format("SELECT pid::text, started::text, ended::text, rows::text, "
+                    "(ended > lag(started) OVER w AND lag(ended) OVER w > started)::text "
+                    "FROM {}_statements WINDOW w AS (ORDER BY ended) ORDER BY ended",
+                    name_));
+  }
+
+  std::string table_;
+  std::vector<Commit> commits_;
+};
+
+TEST_F(MarkingInTwo, ABigBatchIsTwoStatementsAtOnceOnTwoConnections) {
+  int statements = 0, errors = 0;
+  ASSERT_NO_FATAL_FAILURE(MarkAll(kTransactions * kRowsEach, &statements, &errors));
+  std::vector<Row> log = Statements();
+  ASSERT_EQ(log.size(), 2u) << "the batch of " << kTransactions * kRowsEach
+                            << " rows was not marked by two statements";
+  EXPECT_EQ(statements, 2);
+  EXPECT_EQ(errors, 0);
+  EXPECT_NE(*log[0][0], *log[1][0]) << "both statements ran on one connection";
+  EXPECT_EQ(log[1][4].value_or(""), "true")
+      << "the two statements ran one after the other: " << *log[0][1] << " - " << *log[0][2]
+      << ", then " << *log[1][1] << " - " << *log[1][2];
+  EXPECT_EQ(std::stoll(*log[0][3]) + std::stoll(*log[1][3]), kTransactions * kRowsEach);
+  EXPECT_EQ(std::stoll(*log[0][3]), kTransactions * kRowsEach / 2) << "halves by rows";
+}
+
+TEST_F(MarkingInTwo, ABatchBelowTheSizeIsOneStatement) {
+  int statements = 0, errors = 0;
+  ASSERT_NO_FATAL_FAILURE(MarkAll(kTransactions * kRowsEach + 1, &statements, &errors));
+  std::vector<Row> log = Statements();
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_EQ(std::stoll(*log[0][3]), kTransactions * kRowsEach);
+  EXPECT_EQ(statements, 1);
+  EXPECT_EQ(errors, 0);
+}
+
+// The second half fails once (a trigger raises on its last transaction's
+// first row; a sequence counts across the rollback) after the first half
+// committed: the whole batch again, with nothing marked or indexed twice and
+// the first half's UPDATE now changing no row.
+TEST_F(MarkingInTwo, WhenOneHalfFailsTheBatchIsRetriedWholeAndNothingIsDoneTwice) {
+  db_->Exec(fmt::format(
+      "CREATE SEQUENCE {0}_fail;"
+      "CREATE FUNCTION {0}_fail() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+      "IF NEW.transaction_id = '{2}'::xid8 AND nextval('{0}_fail') = 1 THEN "
+      "RAISE EXCEPTION 'outbox-it: the second half fails once'; END IF; RETURN NEW; END $$;"
+      "CREATE TRIGGER fail BEFORE UPDATE ON {1} FOR EACH ROW EXECUTE FUNCTION {0}_fail()",
+      name_, table_, commits_.back().xid));
+  int statements = 0, errors = 0;
+  ASSERT_NO_FATAL_FAILURE(MarkAll(kTransactions * kRowsEach, &statements, &errors));
+  EXPECT_EQ(errors, 1);
+  std::vector<Row> log = Statements();
+  ASSERT_EQ(log.size(), 3u) << "the first half, then both again";
+  EXPECT_EQ(std::stoll(*log[0][3]), kTransactions * kRowsEach / 2);
+  std::vector<int64_t> again = {std::stoll(*log[1][3]), std::stoll(*log[2][3])};
+  std::sort(again.begin(), again.end());
+  EXPECT_EQ(again, (std::vector<int64_t>{0, kTransactions * kRowsEach / 2}))
+      << "the retried first half marked rows again, or the second half's were lost";
+  EXPECT_EQ(statements, 3);
 }
 
 // The generic plan of the marker's statement is made once, with the commit

@@ -86,6 +86,7 @@ struct RelayConfig {
   int64_t max_in_flight = 20000;          // rows produced but not yet acknowledged
   int64_t max_in_flight_bytes = 1 << 20;  // and their bytes (key, value, headers)
   int64_t marker_batch = 2000;            // transactions per marking statement
+  int64_t marker_split_rows = 8000;       // a batch this large: two statements at once
   int64_t marker_interval_ms = 200;  // a marking statement gathers what was delivered in this time
   int64_t status_interval_ms = 1000;
   int64_t shutdown_timeout_ms = 25000;

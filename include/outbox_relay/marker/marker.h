@@ -22,10 +22,12 @@
 // reason db_ack).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_set>
@@ -73,6 +75,11 @@ struct MarkerOptions {
   // itself gathers the next batch. Without this the last transactions of a
   // drain waited a whole interval for nothing.
   uint64_t rows_worth_a_statement = 1000;
+  // A batch of at least this many rows is marked by two statements at once,
+  // each with half of its transactions, on two connections (the second one
+  // opened when first needed): one backend marking a backlog's last batch
+  // kept one core busy while the other waited. Zero: always one statement.
+  uint64_t rows_worth_two_statements = 8000;
   // Called on the marker's thread after every marking statement that
   // succeeded (metrics).
   std::function<void()> on_statement;
@@ -110,18 +117,36 @@ class Marker {
       "SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off";
 
  private:
+  // A connection and the buffers of one statement's parameters.
+  struct Lane {
+    std::optional<pg::Connection> conn;
+    std::string run_xids, run_firsts, run_lasts, commit_lsns, end_lsns, times, counts, tx_xids,
+        more_xids;
+    std::vector<uint64_t> ids;
+    std::unordered_set<uint64_t> commits;  // commit LSNs already in the statement
+    std::vector<uint64_t> invisible;       // the statement's transaction ids not yet visible
+  };
+
   void Loop();
-  Status Connect();
+  // Opens lane `i`'s connection; lane 0's also reads indexed_through_.
+  Status Connect(size_t i);
+  void Disconnect();
   // Marks the visible transactions of `batch` into `marked`; the ones whose
   // commit is not visible yet go to `not_visible`.
   Status MarkBatch(const std::vector<tracking::Transaction*>& batch,
                    std::vector<tracking::Transaction*>* marked,
                    std::vector<tracking::Transaction*>* not_visible);
+  // One statement on `lane` for `part`: fills lane.invisible.
+  Status MarkPart(Lane& lane, std::span<tracking::Transaction* const> part,
+                  const std::string& indexed_through);
+  // Where `batch` is cut into two statements' halves; 0 when it is one
+  // statement.
+  size_t SplitPoint(const std::vector<tracking::Transaction*>& batch);
 
   MarkerOptions options_;
   tracking::AckTracker* tracker_;
   ErrorHook on_error_;
-  std::optional<pg::Connection> conn_;
+  std::array<Lane, 2> lanes_;
   std::thread thread_;
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> deadline_ns_{0};
@@ -131,12 +156,6 @@ class Marker {
   // whole deadline.
   std::atomic<bool> aborted_{false};
   std::atomic<bool> exited_{false};  // Loop has returned
-  // Reused parameter buffers.
-  std::string run_xids_, run_firsts_, run_lasts_, commit_lsns_, end_lsns_, times_, counts_,
-      tx_xids_, more_xids_;
-  std::vector<uint64_t> ids_;
-  std::unordered_set<uint64_t> batch_commits_;  // commit LSNs already in the statement
-  std::vector<uint64_t> invisible_;
   // No commit of this slot above it is in the commit index, but for another
   // instance's (see MarkSql): read when connecting, raised by each statement.
   Lsn indexed_through_;
