@@ -1,6 +1,7 @@
 // The marker: writes `offset_acked = offset_consumed` for delivered
 // transactions and records them in the commit-LSN index, on its own
-// connection, in batches.
+// connection, in batches (a large batch as two statements at once, on two
+// connections: MarkerOptions::rows_worth_two_statements).
 //
 // It is the (b) half of the confirmation rule: the tracker hands it
 // transactions whose rows Kafka has acknowledged; only after the marker's
