@@ -235,6 +235,7 @@ Status Relay::Prepare() {
     mo.interval = std::chrono::milliseconds(config_.marker_interval_ms);
     mo.rows_worth_two_statements = static_cast<uint64_t>(config_.marker_split_rows);
     mo.on_statement = [this] { metrics_.marker_statements().Increment(); };
+    mo.on_marked = [this] { marked_.Ring(); };
     mo.network = config_.pg_network;
     marker_ = std::make_unique<marker::Marker>(mo, tracker_.get(), [this](const Error&) {
       metrics_.CountError(metrics::ErrorReason::kDbAck);
@@ -760,7 +761,7 @@ Status Relay::Stream(std::optional<pipeline::StreamSession>* session,
                                                      wal_sender_timeout);
   spdlog::info("streaming from slot {} at {} (walsender pid {}; silent after {} ms)", config_.slot,
                tracker_->confirmed(), last_walsender_pid_, so.receive_timeout.count());
-  source->emplace(std::move(*stream));
+  source->emplace(std::move(*stream), &marked_);
   so.table = config_.table_name;
   so.columns = config_.columns;
   if (watermill_) {

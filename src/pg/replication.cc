@@ -3,7 +3,9 @@
 #include <linux/tcp.h>  // struct tcp_info with tcpi_bytes_received (not in glibc's)
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <charconv>
@@ -184,18 +186,40 @@ Error ReplicationStream::StreamEnded() {
   return ErrorFromResult(res.get(), conn_.get(), "replication stream");
 }
 
+Doorbell::Doorbell() : fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+
+Doorbell::~Doorbell() {
+  if (fd_ >= 0) close(fd_);
+}
+
+void Doorbell::Ring() const {
+  if (fd_ < 0) return;
+  const uint64_t one = 1;
+  // Fails only when the counter is full: rung already.
+  [[maybe_unused]] ssize_t n = write(fd_, &one, sizeof one);
+}
+
+void Doorbell::Clear() const {
+  if (fd_ < 0) return;
+  uint64_t count = 0;
+  [[maybe_unused]] ssize_t n = read(fd_, &count, sizeof count);  // EAGAIN: not rung
+}
+
 Status ReplicationStream::Wait(std::chrono::milliseconds timeout, bool want_read) {
-  pollfd pfd{};
-  pfd.fd = PQsocket(conn_.get());
-  if (pfd.fd < 0) return Fail(ErrorCode::kTransient, "replication connection has no socket");
-  pfd.events = want_read ? POLLIN : 0;
-  if (PQisBusy(conn_.get()) || PQflush(conn_.get()) == 1) pfd.events |= POLLOUT;
-  if (pfd.events == 0) pfd.events = POLLIN;
-  int rc = poll(&pfd, 1, static_cast<int>(timeout.count()));
+  pollfd pfd[2] = {};
+  pfd[0].fd = PQsocket(conn_.get());
+  if (pfd[0].fd < 0) return Fail(ErrorCode::kTransient, "replication connection has no socket");
+  pfd[0].events = want_read ? POLLIN : 0;
+  if (PQisBusy(conn_.get()) || PQflush(conn_.get()) == 1) pfd[0].events |= POLLOUT;
+  if (pfd[0].events == 0) pfd[0].events = POLLIN;
+  const bool bell = doorbell_ != nullptr && doorbell_->fd() >= 0;
+  if (bell) pfd[1] = pollfd{doorbell_->fd(), POLLIN, 0};
+  int rc = poll(pfd, bell ? 2 : 1, static_cast<int>(timeout.count()));
   if (rc < 0 && errno != EINTR) {
     return Fail(ErrorCode::kTransient, "poll replication socket: {}", std::strerror(errno));
   }
-  if (pfd.revents & POLLOUT) return FlushOutput();
+  if (bell && (pfd[1].revents & POLLIN)) doorbell_->Clear();
+  if (pfd[0].revents & POLLOUT) return FlushOutput();
   return Ok();
 }
 

@@ -118,6 +118,9 @@ class Relay {
   const std::unique_ptr<tracking::AckTracker> tracker_;  // thread-safe; made once
   std::optional<pipeline::StopSignal> stop_;             // set by Run
   std::unique_ptr<Sampler> sampler_;
+  // Rung by the marker when it has marked transactions: the stream's loop
+  // wakes and confirms them (declared before the marker, which uses it).
+  pg::Doorbell marked_;
   std::unique_ptr<marker::Marker> marker_;
   std::unique_ptr<pipeline::Publisher> publisher_;
   std::unique_ptr<pipeline::SlotSetup> slot_setup_;

@@ -84,6 +84,9 @@ struct MarkerOptions {
   // Called on the marker's thread after every marking statement that
   // succeeded (metrics).
   std::function<void()> on_statement;
+  // Called on the marker's thread after the tracker has learnt of marked
+  // transactions (the stream's loop then sends the slot's new position).
+  std::function<void()> on_marked;
   // Connect and statement timeouts: a black-holed connection fails its
   // statement and is replaced (pg::NetworkOptions).
   pg::NetworkOptions network;

@@ -77,6 +77,26 @@ Result<CreatedSlot> CreateSlot(Connection& replication_conn, std::string_view sl
 // connection (17+). The slot must not be in use.
 Status AlterSlotFailover(Connection& replication_conn, std::string_view slot, bool failover);
 
+// Wakes a thread in ReplicationStream::Wait from any other thread (an
+// eventfd): the marker rings it when it has marked transactions, so the slot's
+// new position goes out at once instead of at the loop's next wake-up.
+class Doorbell {
+ public:
+  Doorbell();
+  ~Doorbell();
+  Doorbell(const Doorbell&) = delete;
+  Doorbell& operator=(const Doorbell&) = delete;
+  void Ring() const;
+  // Readable while rung; -1 if the eventfd could not be made (then it never
+  // rings, and Wait returns at its timeout as without one).
+  int fd() const { return fd_; }
+  // Unrings it (after a Wait it ended).
+  void Clear() const;
+
+ private:
+  int fd_;
+};
+
 class ReplicationStream {
  public:
   // START_REPLICATION SLOT slot LOGICAL start (proto_version '1', publication_names ...).
@@ -92,8 +112,11 @@ class ReplicationStream {
   // valid until the next TryRead. Errors: the server ended the stream or the
   // connection broke.
   Result<std::optional<std::string_view>> TryRead();
-  // Waits for the socket (readable, or writable while output is pending).
+  // Waits for the socket (readable, or writable while output is pending), or
+  // for the doorbell, if one is set, to ring.
   Status Wait(std::chrono::milliseconds timeout, bool want_read = true);
+  // Not owned; outlives the stream (nullptr: none).
+  void set_doorbell(const Doorbell* doorbell) { doorbell_ = doorbell; }
   Status SendStatus(const walproto::StandbyStatusUpdate& update);
   // Bytes the kernel has received on the connection (TCP_INFO), read or
   // not: a slow stream (a large row on a thin link) is not a silent one.
@@ -111,6 +134,7 @@ class ReplicationStream {
 
   Connection conn_;
   PqMemory current_;  // the buffer the last TryRead returned
+  const Doorbell* doorbell_ = nullptr;
 };
 
 }  // namespace outbox_relay::pg

@@ -35,7 +35,11 @@ class ReplicationSource {
 // The real thing: a started pg::ReplicationStream.
 class PgSource final : public ReplicationSource {
  public:
-  explicit PgSource(pg::ReplicationStream stream) : stream_(std::move(stream)) {}
+  // `doorbell` (not owned, may be null): Wait also ends when it rings.
+  explicit PgSource(pg::ReplicationStream stream, const pg::Doorbell* doorbell = nullptr)
+      : stream_(std::move(stream)) {
+    stream_.set_doorbell(doorbell);
+  }
   Result<std::optional<std::string_view>> TryRead() override { return stream_.TryRead(); }
   Status Wait(std::chrono::milliseconds timeout) override { return stream_.Wait(timeout); }
   Status SendStatus(const walproto::StandbyStatusUpdate& update) override {

@@ -68,7 +68,7 @@ TEST(Pipeline, RecordedStreamBecomesTheExactRecordsAndIsConfirmedToItsEnd) {
   FakeSource& source = p.Connect(wal.From(Lsn(1)));
   ASSERT_TRUE(Eventually([&] { return p.tracker().confirmed() == LastEnd(wal); }))
       << p.tracker().confirmed().ToString();
-  // Told to the server within the throttle (50 ms), without a stop.
+  // Told to the server within the throttle (10 ms), without a stop.
   ASSERT_TRUE(Eventually([&] { return source.flushes().back() == LastEnd(wal); }));
   ASSERT_TRUE(p.StopSession());
 

@@ -19,12 +19,13 @@ TEST(Progress, AnUpdateIsDueAtOnceThenEveryIntervalWhenNothingMoves) {
   EXPECT_TRUE(p.Due(t0 + 1000ms, Lsn(100), false));
 }
 
-TEST(Progress, AMovedFlushIsReportedButAtMostEvery50Ms) {
+TEST(Progress, AMovedFlushIsReportedButAtMostEvery10Ms) {
   auto t0 = Clock::now();
   Progress p(1000ms);
   p.Sent(t0, Lsn(100));
-  EXPECT_FALSE(p.Due(t0 + 49ms, Lsn(200), false));
-  auto u = p.Due(t0 + 50ms, Lsn(200), false);
+  EXPECT_EQ(p.MovedUpdateAt(), t0 + 10ms);
+  EXPECT_FALSE(p.Due(t0 + 9ms, Lsn(200), false));
+  auto u = p.Due(t0 + 10ms, Lsn(200), false);
   ASSERT_TRUE(u.has_value());
   EXPECT_EQ(u->flush, Lsn(200));
   EXPECT_EQ(u->apply, Lsn(200));
