@@ -25,6 +25,26 @@ std::string FatalErrorText(rd_kafka_resp_err_t fatal, const char* reason) {
   return fmt::format("Kafka producer fatal error: {}: {}", rd_kafka_err2name(fatal), reason);
 }
 
+// The producer's fatal error as the relay judges it. A transactional
+// producer's is fatal: its transactions end there (fenced: another instance
+// took its place). An idempotent producer's (at-least-once) is about its
+// own bookkeeping of sequence numbers, which librdkafka before 2.3.0 can
+// lose after a broker failover that lost nothing (confluentinc/librdkafka
+// #4438: "rewound sequence number", "sequence desynchronization"): the
+// producer is replaced and what it held is sent again from the slot
+// (kAborted), as when Kafka does not acknowledge in time. Being refused the
+// right to write at all is a setting a new producer would meet again.
+Error FatalError(rd_kafka_resp_err_t fatal, const char* reason, bool transactional) {
+  const bool refused = fatal == RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED ||
+                       fatal == RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED ||
+                       fatal == RD_KAFKA_RESP_ERR_TRANSACTIONAL_ID_AUTHORIZATION_FAILED;
+  if (transactional || refused) return Error{ErrorCode::kFatal, FatalErrorText(fatal, reason)};
+  return Error{ErrorCode::kAborted,
+               fmt::format("Kafka producer failed: {}: {}; a new producer sends what it held "
+                           "again from the slot",
+                           rd_kafka_err2name(fatal), reason)};
+}
+
 using std::chrono::milliseconds;
 
 // librdkafka's own default batch.size.
@@ -445,7 +465,7 @@ Result<Sink::Accepted> KafkaProducer::Produce(const outbox::KafkaRecord& record,
   if (err == RD_KAFKA_RESP_ERR__FATAL) {
     std::array<char, 512> reason{};
     rd_kafka_resp_err_t fatal = rd_kafka_fatal_error(rk, reason.data(), reason.size());
-    return Fail(ErrorCode::kFatal, "{}", FatalErrorText(fatal, reason.data()));
+    return std::unexpected(FatalError(fatal, reason.data(), transactional()));
   }
   return Fail(ErrorCode::kFatal, "produce to '{}': {}", record.topic, rd_kafka_err2str(err));
 }
@@ -584,7 +604,7 @@ void KafkaProducer::Report(Lane& lane, const rd_kafka_message_t* msg) {
     // the fatal error is the reason worth reporting.
     std::array<char, 512> reason{};
     rd_kafka_resp_err_t fatal = rd_kafka_fatal_error(rk, reason.data(), reason.size());
-    d.error = Error{ErrorCode::kFatal, FatalErrorText(fatal, reason.data())};
+    d.error = FatalError(fatal, reason.data(), transactional());
   } else {
     d.error = Error{ErrorCode::kFatal, fmt::format("delivery to '{}' failed: {}", d.topic,
                                                    rd_kafka_err2str(msg->err))};

@@ -183,6 +183,13 @@ Status Publisher::Produce(const outbox::KafkaRecord& record, tracking::Transacti
                           KeepAlive* keep) {
   tracker_->AddMessage(tx);
   auto st = Offer(record, tx, keep);
+  if (!st && !txn_ && st.error().code == ErrorCode::kAborted) {
+    // At-least-once: the producer failed for good and is replaced (a
+    // pipeline restart); this record goes again from the slot with the rest.
+    if (!tracker_->failure()) spdlog::error("{}", st.error().message);
+    tracker_->OnFailed(tx, st.error().message, /*retryable=*/true);
+    return st;
+  }
   // Not taken: undo the count so the transaction can still complete.
   if (!st) tracker_->CancelMessage(tx);
   return st;
@@ -290,7 +297,9 @@ void Publisher::OnDelivery(const kafka::Delivery& d) {
     return;
   }
   if (!tracker_->failure()) spdlog::error("{}", d.error->message);  // the first says it all
-  tracker_->OnFailed(tx, d.error->message);
+  // kAborted: the producer failed for good and is replaced; its records are
+  // sent again from the slot (a pipeline restart).
+  tracker_->OnFailed(tx, d.error->message, d.error->code == ErrorCode::kAborted);
 }
 
 void Publisher::DropRefused() {

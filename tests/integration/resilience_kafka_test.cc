@@ -284,18 +284,87 @@ TEST_F(ResilienceKafka, UnknownTopicStopsThenCreateTopicsDelivers) {
   fmt::print("total {:.1f} s\n", SecondsSince(started_));
 }
 
-class ResilienceProducer : public RelayTest {};
+class ResilienceProducer : public RelayTest {
+ protected:
+  std::vector<std::string> Eos() const {
+    return {"--delivery",
+            "exactly-once",
+            "--progress-topic",
+            topic_prefix_ + ".progress",
+            "--shutdown-timeout-ms",
+            "10000"};
+  }
+};
 
 // OUTBOX_TEST_FAULT=fatal-after:N puts the idempotent producer into its fatal
-// state after N records (what an out-of-order sequence from the broker
-// does): the relay must exit non-zero without confirming a row Kafka has not
-// acknowledged, and a restart without the fault replays the rest from the
-// slot.
-TEST_F(ResilienceProducer, FatalErrorStopsThenRestartReplaysFromSlot) {
+// state after N records, as an out-of-order sequence from the broker does
+// (and as librdkafka before 2.3.0 does after broker failovers that lost
+// nothing, confluentinc/librdkafka#4438). At-least-once, the relay replaces
+// the producer and sends again from the slot: it keeps running, confirms
+// nothing Kafka did not acknowledge, and loses nothing.
+TEST_F(ResilienceProducer, AFatalIdempotenceErrorReplacesTheProducerAndSendsAgainFromTheSlot) {
   constexpr int kFatalAfter = 1500;
   CreateTables();
   RelayProcess& relay =
       StartRelay({}, {{"OUTBOX_TEST_FAULT", fmt::format("fatal-after:{}", kFatalAfter)}});
+  ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
+
+  Ledger ledger;
+  LoadGenerator load(Workload(), &ledger, 2, SmallTx, std::chrono::microseconds(2000));
+  load.Start();
+  auto began = std::chrono::steady_clock::now();
+  // Until the fault has fired and the pipeline is back, then a few seconds more.
+  bool restarted = false;
+  while (!restarted && SecondsSince(began) < 60 && relay.Running()) {
+    std::this_thread::sleep_for(milliseconds(200));
+    restarted = relay.Log().find("pipeline restarted") != std::string::npos;
+  }
+  std::this_thread::sleep_for(seconds(3));
+  ASSERT_EQ(load.Stop(), "");
+  ASSERT_TRUE(relay.Running()) << "the relay exited after the producer's fatal error:\n"
+                               << relay.LogTail();
+  ASSERT_TRUE(restarted) << "no pipeline restart 60 s into the load:\n" << relay.LogTail();
+  auto stopped = std::chrono::steady_clock::now();
+  int64_t unacked = WaitAllAcked(seconds(60));
+  const double acked_s = SecondsSince(stopped);
+  EXPECT_EQ(unacked, 0) << DescribeUnacked();
+  std::vector<KafkaRecord> records = ReadTopics({.timeout = seconds(60)});
+  DeliveryReport delivery = CheckDelivery(ledger.committed(), ledger.rolled_back(), records);
+  const std::string log = relay.Log();
+  const size_t restarts = CountOccurrences(log, "restarting the pipeline");
+  std::string restart_took = "?";
+  if (size_t at = log.find("pipeline restarted in "); at != std::string::npos) {
+    restart_took = log.substr(at + 22, log.find(':', at) - at - 22);
+  }
+
+  fmt::print(
+      "fatal idempotence error after {} records: {} pipeline restart(s) (in {}), the relay "
+      "kept running; all acked {:.1f} s after the load stopped\n",
+      kFatalAfter, restarts, restart_took, acked_s);
+  fmt::print("{}\n", delivery.Summary());
+
+  EXPECT_EQ(restarts, 1u) << relay.LogTail();
+  EXPECT_NE(log.find("OUT_OF_ORDER_SEQUENCE_NUMBER"), std::string::npos) << relay.LogTail();
+  EXPECT_EQ(delivery.lost, 0u) << delivery.Samples();
+  EXPECT_EQ(delivery.phantom, 0u) << delivery.Samples();
+  EXPECT_EQ(delivery.order_violations, 0u) << delivery.Samples();
+  EXPECT_EQ(MisackedRows(), 0);
+  CheckCommitIndex(ledger);
+
+  relay.Terminate();
+  EXPECT_EQ(relay.Wait(seconds(30)), std::optional<int>(0)) << relay.LogTail();
+  fmt::print("total {:.1f} s\n", SecondsSince(started_));
+}
+
+// Exactly-once, the same fatal error ends the producer's transactions: the
+// relay must exit non-zero without confirming a row Kafka has not
+// acknowledged, and a restart without the fault replays the rest from the
+// slot, nothing twice for a read_committed consumer.
+TEST_F(ResilienceProducer, ExactlyOnceAFatalErrorStopsThenRestartReplaysFromSlot) {
+  constexpr int kFatalAfter = 1500;
+  CreateTables();
+  RelayProcess& relay =
+      StartRelay(Eos(), {{"OUTBOX_TEST_FAULT", fmt::format("fatal-after:{}", kFatalAfter)}});
   ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
 
   Ledger ledger;
@@ -319,20 +388,23 @@ TEST_F(ResilienceProducer, FatalErrorStopsThenRestartReplaysFromSlot) {
   int64_t unacked_after_fail = UnackedRows();
   std::string log = relay.Log();
 
-  RelayProcess& again = StartRelay();
+  RelayProcess& again = StartRelay(Eos());
   ASSERT_TRUE(WaitStreaming(again)) << again.LogTail();
   auto restarted = std::chrono::steady_clock::now();
   int64_t unacked = WaitAllAcked(seconds(60));
   double recovery_s = SecondsSince(restarted);
   EXPECT_EQ(unacked, 0) << DescribeUnacked();
   auto first_unacked_commit = MinCommitLsn(*db_, name_, unacked_xids);
-  std::vector<KafkaRecord> records = ReadTopics({.timeout = seconds(60)});
+  std::vector<KafkaRecord> records;
+  for (KafkaRecord& r : ReadTopics({.timeout = seconds(60), .read_committed = true})) {
+    if (r.topic != topic_prefix_ + ".progress") records.push_back(std::move(r));
+  }
   DeliveryReport delivery = CheckDelivery(ledger.committed(), ledger.rolled_back(), records);
 
   fmt::print(
-      "fatal producer error after {} records: relay exited {} ({:.1f} s after the load began "
-      "to stop); {} rows in {} transactions unacked then; confirmed_flush_lsn {} (first of "
-      "them committed at {})\n",
+      "exactly-once, fatal producer error after {} records: relay exited {} ({:.1f} s after "
+      "the load began to stop); {} rows in {} transactions unacked then; confirmed_flush_lsn {} "
+      "(first of them committed at {})\n",
       kFatalAfter, *code, SecondsSince(failed), unacked_after_fail, unacked_xids.size(),
       FormatLsn(confirmed_after_fail),
       first_unacked_commit ? FormatLsn(*first_unacked_commit) : "unknown");
@@ -341,6 +413,7 @@ TEST_F(ResilienceProducer, FatalErrorStopsThenRestartReplaysFromSlot) {
 
   EXPECT_NE(*code, 0);
   EXPECT_NE(log.find("fatal"), std::string::npos) << relay.LogTail();
+  EXPECT_EQ(CountOccurrences(log, "restarting the pipeline"), 0u) << relay.LogTail();
   EXPECT_GT(unacked_after_fail, 0);
   ASSERT_TRUE(first_unacked_commit.has_value());
   EXPECT_LE(confirmed_after_fail, *first_unacked_commit)
@@ -348,6 +421,7 @@ TEST_F(ResilienceProducer, FatalErrorStopsThenRestartReplaysFromSlot) {
   EXPECT_EQ(delivery.lost, 0u) << delivery.Samples();
   EXPECT_EQ(delivery.phantom, 0u) << delivery.Samples();
   EXPECT_EQ(delivery.order_violations, 0u) << delivery.Samples();
+  EXPECT_EQ(delivery.duplicates, 0u) << delivery.Samples();
   EXPECT_EQ(MisackedRows(), 0);
   CheckCommitIndex(ledger);
 

@@ -26,6 +26,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -38,6 +39,16 @@ namespace outbox_test::resilience {
 
 using std::chrono::milliseconds;
 using std::chrono::seconds;
+
+// How many times `needle` occurs in `text` (lines of a relay's log).
+inline size_t CountOccurrences(std::string_view text, std::string_view needle) {
+  size_t n = 0;
+  for (size_t at = text.find(needle); at != std::string_view::npos;
+       at = text.find(needle, at + needle.size())) {
+    ++n;
+  }
+  return n;
+}
 
 // The crash loops' mix: 1-50 rows, a tenth rolled back, a tenth with a
 // rolled-back savepoint, a tenth also writing another table.

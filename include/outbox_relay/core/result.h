@@ -25,7 +25,8 @@ enum class ErrorCode {
   kSlotLost,         // the replication slot is missing or invalidated
   kPermission,       // the database refused for lack of a privilege
   kCancelled,        // given up because the process was asked to stop (not a failure)
-  kAborted,          // the Kafka transaction was aborted: what it held is sent again
+  kAborted,          // the Kafka transaction was aborted, or the idempotent producer failed
+                     // for good and is replaced: what it held is sent again
   kDuplicateKey,     // a row the statement inserts is there already (SQLSTATE 23505)
   kFatal,            // a state the process must not continue from
 };

@@ -232,7 +232,12 @@ TEST_F(MockClusterTest, RetriableProduceErrorsLoseNothingAndKeepPartitionOrder) 
               order_violations_);
 }
 
-TEST_F(MockClusterTest, FatalIdempotenceErrorStopsConfirmationAndFailsTheSink) {
+// What an out-of-order sequence does to an idempotent producer (librdkafka
+// before 2.3.0 also does it after broker failovers that lost nothing,
+// confluentinc/librdkafka#4438). At-least-once, the producer is replaced:
+// new records and the ones in flight fail as kAborted (sent again from the
+// slot), and nothing past them is confirmed.
+TEST_F(MockClusterTest, FatalIdempotenceErrorFailsTheProducerForReplacement) {
   Start();
   ProduceTx(0, 0);
   ASSERT_TRUE(producer_->Flush(10s));
@@ -241,26 +246,48 @@ TEST_F(MockClusterTest, FatalIdempotenceErrorStopsConfirmationAndFailsTheSink) {
   rd_kafka_mock_broker_set_down(mock_, 2);
   for (int i = 1; i < 30; ++i) ProduceTx(i, i % kPartitions);
   std::this_thread::sleep_for(300ms);
-  // What an out-of-order sequence (a gap) does to an idempotent producer.
   rd_kafka_test_fatal_error(producer_->handle(), RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
                             "injected by the test");
-  // New records are refused with a fatal error...
+  // New records are refused...
   outbox::KafkaRecord r;
   r.topic = kTopic;
   r.value = "x";
   auto refused = producer_->Produce(r, nullptr);
   ASSERT_FALSE(refused);
-  EXPECT_EQ(refused.error().code, ErrorCode::kFatal);
-  EXPECT_NE(refused.error().message.find("fatal"), std::string::npos) << refused.error().message;
-  // ...and the ones in flight fail, so the tracker records the failure and
-  // never confirms past them.
+  EXPECT_EQ(refused.error().code, ErrorCode::kAborted) << refused.error().message;
+  EXPECT_NE(refused.error().message.find("OUT_OF_ORDER_SEQUENCE_NUMBER"), std::string::npos)
+      << refused.error().message;
+  // ...and the ones in flight fail the same way, so the tracker records the
+  // failure and never confirms past them.
   (void)producer_->Flush(10s);
   std::this_thread::sleep_for(500ms);
   ASSERT_TRUE(tracker_.failure().has_value());
   EXPECT_LT(tracker_.confirmed(), Lsn(1000 + 10 * 1));
   EXPECT_EQ(rule_violations_, 0);
-  std::printf("fatal error: failure recorded ('%s'), confirmed stayed at %s\n",
-              tracker_.failure()->c_str(), tracker_.confirmed().ToString().c_str());
+  std::lock_guard lock(mu_);
+  ASSERT_FALSE(errors_.empty());
+  for (const Error& e : errors_) EXPECT_EQ(e.code, ErrorCode::kAborted) << e.message;
+  std::printf(
+      "fatal idempotence error: %zu records failed for replacement, confirmed stayed at %s\n",
+      errors_.size(), tracker_.confirmed().ToString().c_str());
+}
+
+// Refused the right to write: a new producer would be refused too, so the
+// error stays fatal.
+TEST_F(MockClusterTest, AFatalAuthorizationErrorStaysFatal) {
+  Start();
+  ProduceTx(0, 0);
+  ASSERT_TRUE(producer_->Flush(10s));
+  rd_kafka_test_fatal_error(producer_->handle(), RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED,
+                            "injected by the test");
+  outbox::KafkaRecord r;
+  r.topic = kTopic;
+  r.value = "x";
+  auto refused = producer_->Produce(r, nullptr);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code, ErrorCode::kFatal) << refused.error().message;
+  EXPECT_NE(refused.error().message.find("CLUSTER_AUTHORIZATION_FAILED"), std::string::npos)
+      << refused.error().message;
 }
 
 }  // namespace

@@ -223,10 +223,14 @@ class FakeSink final : public kafka::Sink {
   // A record it refuses at once (Produce returns kPoison), e.g. too large.
   std::function<bool(const outbox::KafkaRecord&)> refuse_at_produce;
 
+  // Once set, every record is refused with it (a producer failed for good).
+  std::optional<Error> failed;
+
   Result<Accepted> Produce(const outbox::KafkaRecord& record, void* opaque) override {
     if (refuse_at_produce && refuse_at_produce(record)) {
       return Fail(ErrorCode::kPoison, "record too large for the fake sink");
     }
+    if (failed) return std::unexpected(*failed);
     size_t index;
     {
       std::lock_guard lock(mu_);

@@ -154,8 +154,44 @@ TEST(Pipeline, AFatalDeliveryErrorStopsTheSessionAndConfirmsNothingFromThere) {
   Status st = p.WaitSession();
   ASSERT_FALSE(st);
   EXPECT_EQ(st.error().code, ErrorCode::kFatal);
+  EXPECT_FALSE(p.tracker().failure_retryable()) << "a fatal error stops the relay";
   EXPECT_EQ(p.tracker().confirmed(), wal.transactions()[0].end_lsn);
   for (Lsn f : source.flushes()) EXPECT_LE(f, wal.transactions()[0].end_lsn);
+}
+
+// At-least-once, a producer that failed for good (an idempotence error) is
+// replaced: the failure is one the relay restarts the pipeline for, and
+// nothing from the failed record on is confirmed.
+TEST(Pipeline, AFailedProducerIsReplacedAndConfirmsNothingFromThere) {
+  FakeWalSender wal = FakeWalSender::Recorded();
+  Pipeline p;
+  p.sink().auto_ack = false;
+  FakeSource& source = p.Connect(wal.From(Lsn(1)));
+  ASSERT_TRUE(Eventually([&] { return p.sink().size() == kRows.size(); }));
+  p.sink().Ack(0);
+  ASSERT_TRUE(Eventually([&] { return p.tracker().confirmed() == wal.transactions()[0].end_lsn; }));
+  p.sink().Settle(1, Error{ErrorCode::kAborted, "Kafka producer failed: injected"});
+  for (size_t i = 2; i < kRows.size(); ++i) p.sink().Ack(i);
+  Status st = p.WaitSession();
+  ASSERT_FALSE(st);
+  EXPECT_TRUE(p.tracker().failure_retryable()) << st.error().message;
+  EXPECT_EQ(p.tracker().confirmed(), wal.transactions()[0].end_lsn);
+  for (Lsn f : source.flushes()) EXPECT_LE(f, wal.transactions()[0].end_lsn);
+}
+
+// The same when the failed producer refuses the next record outright.
+TEST(Pipeline, AProducerFailedAtProduceIsReplacedToo) {
+  FakeWalSender wal = FakeWalSender::Recorded();
+  Pipeline p;
+  p.sink().auto_ack = false;
+  p.sink().failed = Error{ErrorCode::kAborted, "Kafka producer failed: injected"};
+  FakeSource& source = p.Connect(wal.From(Lsn(1)));
+  Status st = p.WaitSession();
+  ASSERT_FALSE(st);
+  EXPECT_TRUE(p.tracker().failure_retryable()) << st.error().message;
+  EXPECT_EQ(p.sink().size(), 0u);
+  EXPECT_LT(p.tracker().confirmed(), wal.transactions()[0].end_lsn);
+  for (Lsn f : source.flushes()) EXPECT_LT(f, wal.transactions()[0].end_lsn);
 }
 
 TEST(Pipeline, PoisonRowsAreDeadLetteredInTheirPlaceAndMarked) {
