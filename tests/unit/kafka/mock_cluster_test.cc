@@ -102,6 +102,18 @@ class MockClusterTest : public ::testing::Test {
     tracker_.Commit(tx, Lsn(1000 + 10 * static_cast<uint64_t>(i)));
   }
 
+  // Puts the producer into the fatal state `fatal`, then hands it a record:
+  // the error the record is refused with.
+  Error RefusedAfterFatal(rd_kafka_resp_err_t fatal) {
+    rd_kafka_test_fatal_error(producer_->handle(), fatal, "injected by the test");
+    outbox::KafkaRecord r;
+    r.topic = kTopic;
+    r.value = "x";
+    auto refused = producer_->Produce(r, nullptr);
+    if (refused) return Error{ErrorCode::kInvalidArgument, "taken after a fatal error"};
+    return refused.error();
+  }
+
   void OnDelivery(const Delivery& d) {
     auto* tx = static_cast<tracking::Transaction*>(d.opaque);
     std::lock_guard lock(mu_);
@@ -246,17 +258,11 @@ TEST_F(MockClusterTest, FatalIdempotenceErrorFailsTheProducerForReplacement) {
   rd_kafka_mock_broker_set_down(mock_, 2);
   for (int i = 1; i < 30; ++i) ProduceTx(i, i % kPartitions);
   std::this_thread::sleep_for(300ms);
-  rd_kafka_test_fatal_error(producer_->handle(), RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
-                            "injected by the test");
   // New records are refused...
-  outbox::KafkaRecord r;
-  r.topic = kTopic;
-  r.value = "x";
-  auto refused = producer_->Produce(r, nullptr);
-  ASSERT_FALSE(refused);
-  EXPECT_EQ(refused.error().code, ErrorCode::kAborted) << refused.error().message;
-  EXPECT_NE(refused.error().message.find("OUT_OF_ORDER_SEQUENCE_NUMBER"), std::string::npos)
-      << refused.error().message;
+  Error refused = RefusedAfterFatal(RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER);
+  EXPECT_EQ(refused.code, ErrorCode::kAborted) << refused.message;
+  EXPECT_NE(refused.message.find("OUT_OF_ORDER_SEQUENCE_NUMBER"), std::string::npos)
+      << refused.message;
   // ...and the ones in flight fail the same way, so the tracker records the
   // failure and never confirms past them.
   (void)producer_->Flush(10s);
@@ -278,16 +284,10 @@ TEST_F(MockClusterTest, AFatalAuthorizationErrorStaysFatal) {
   Start();
   ProduceTx(0, 0);
   ASSERT_TRUE(producer_->Flush(10s));
-  rd_kafka_test_fatal_error(producer_->handle(), RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED,
-                            "injected by the test");
-  outbox::KafkaRecord r;
-  r.topic = kTopic;
-  r.value = "x";
-  auto refused = producer_->Produce(r, nullptr);
-  ASSERT_FALSE(refused);
-  EXPECT_EQ(refused.error().code, ErrorCode::kFatal) << refused.error().message;
-  EXPECT_NE(refused.error().message.find("CLUSTER_AUTHORIZATION_FAILED"), std::string::npos)
-      << refused.error().message;
+  Error refused = RefusedAfterFatal(RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED);
+  EXPECT_EQ(refused.code, ErrorCode::kFatal) << refused.message;
+  EXPECT_NE(refused.message.find("CLUSTER_AUTHORIZATION_FAILED"), std::string::npos)
+      << refused.message;
 }
 
 }  // namespace
