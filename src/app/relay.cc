@@ -473,6 +473,13 @@ int Relay::Run(const std::atomic<bool>& stop) {
       // Tables that joined meanwhile, their catch-ups, the group's positions.
       auto st = watermill_->BeforeStream();
       if (st && stop.load()) return Shutdown(nullptr, false);
+      if (!st && tracker_->failure_retryable() && !stop.load()) {
+        // Kafka failed under a table's catch-up: as under the backfill. The
+        // catch-up resumes from the group's position, which moves only past
+        // delivered pages.
+        if (auto code = restart_pipeline(nullptr)) return *code;
+        continue;
+      }
       if (!st) {
         if (DispositionOf(st.error()) != Disposition::kRetry) {
           spdlog::error("{}", st.error().message);

@@ -14,6 +14,7 @@
 
 #include "fixture.h"
 #include "ops_support.h"
+#include "resilience_support.h"
 
 namespace outbox_test {
 namespace {
@@ -232,6 +233,95 @@ TEST_F(Watermill, LoadAcrossARestartLosesNothingAndKeepsEachKeysOrder) {
   EXPECT_GE(report.consumed, report.committed);
   relay->Terminate();
   EXPECT_EQ(relay->Wait(seconds(30)), std::optional<int>(0)) << relay->LogTail();
+}
+
+// A table that joins the publication while the relay is stopped is caught up
+// from a snapshot before streaming. The idempotent producer failing for good
+// in the middle (OUTBOX_TEST_FAULT=fatal-after:N, as an out-of-order sequence
+// from the broker does) restarts the pipeline as under the backfill: the relay
+// keeps running, and the catch-up resumes from the group's position (which
+// moves only past delivered pages). Every row arrives, nothing else, each
+// partition's first copies in table order; the copies sent again are counted.
+TEST_F(Watermill, AFatalProducerErrorUnderATablesCatchUpRestartsThePipeline) {
+  constexpr int kFatalAfter = 1000;
+  RelayProcess& first = StartRelay(WatermillArgs());
+  ASSERT_TRUE(WaitStreaming(first)) << first.LogTail();
+  Insert(*db_, 0);
+  auto deadline = std::chrono::steady_clock::now() + seconds(30);
+  while (Position() != LastRow() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  ASSERT_EQ(Position(), LastRow()) << first.LogTail();
+  first.Terminate();
+  ASSERT_EQ(first.Wait(seconds(30)), std::optional<int>(0)) << first.LogTail();
+  // Out of the publication while rows are written: the stream will not have them.
+  db_->Exec(fmt::format("ALTER PUBLICATION {0} DROP TABLE {0}", QuoteIdent(name_)));
+  for (int tx = 0; tx < 30; ++tx) {
+    db_->Exec(
+        fmt::format("INSERT INTO {} (uuid, payload, metadata, transaction_id) SELECT "
+                    "substr(md5(random()::text || g), 1, 26), json_build_object('n', g), '{{}}', "
+                    "pg_current_xact_id() FROM generate_series(1, 100) g",
+                    QuoteIdent(name_)));
+  }
+  // Every row of the table, in the order watermill-sql processes them.
+  std::map<std::string, size_t> rank;
+  for (const Row& r : db_->Query(fmt::format(
+           "SELECT uuid FROM {} ORDER BY transaction_id, \"offset\"", QuoteIdent(name_)))) {
+    rank.emplace(*r[0], rank.size());
+  }
+  ASSERT_EQ(rank.size(), 3001u);
+
+  // Pages of 400: two are delivered (the group's position at row 800) when
+  // the fault fires in the third.
+  std::vector<std::string> args = WatermillArgs();
+  args.insert(args.end(), {"--backfill-batch", "400"});
+  RelayProcess& relay =
+      StartRelay(args, {{"OUTBOX_TEST_FAULT", fmt::format("fatal-after:{}", kFatalAfter)}});
+  ASSERT_TRUE(relay.WaitForLog("joined the publication", seconds(30))) << relay.LogTail();
+  ASSERT_TRUE(WaitStreaming(relay, seconds(90))) << relay.LogTail();
+  deadline = std::chrono::steady_clock::now() + seconds(60);
+  while (Position() != LastRow() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_EQ(Position(), LastRow()) << relay.LogTail();
+  ASSERT_TRUE(relay.Running()) << "the relay exited after the producer's fatal error:\n"
+                               << relay.LogTail();
+
+  std::set<std::string> seen;
+  std::map<std::pair<std::string, int32_t>, size_t> last_first_copy;
+  size_t phantom = 0, duplicates = 0, order_violations = 0, consumed = 0;
+  for (const KafkaRecord& rec : kafka_->Read({topic_}, "", ReadOptions{})) {
+    ++consumed;
+    const KafkaHeader* h = rec.FindHeader("_watermill_message_uuid");
+    auto it = h != nullptr && h->value ? rank.find(*h->value) : rank.end();
+    if (it == rank.end()) {
+      ++phantom;
+      continue;
+    }
+    if (!seen.insert(it->first).second) {
+      ++duplicates;
+      continue;
+    }
+    auto [at, fresh] = last_first_copy.try_emplace({rec.topic, rec.partition}, it->second);
+    if (!fresh && it->second < at->second) ++order_violations;
+    at->second = std::max(at->second, it->second);
+  }
+  const size_t lost = rank.size() - seen.size();
+  const std::string log = relay.Log();
+  fmt::print(
+      "catch-up of {} rows, fatal producer error after {}: {} pipeline restart(s); consumed {}, "
+      "lost {}, phantom {}, order violations {}, duplicates {}\n",
+      rank.size() - 1, kFatalAfter, resilience::CountOccurrences(log, "pipeline restarted"),
+      consumed, lost, phantom, order_violations, duplicates);
+  EXPECT_EQ(resilience::CountOccurrences(log, "pipeline restarted"), 1u) << relay.LogTail();
+  EXPECT_NE(log.find("OUT_OF_ORDER_SEQUENCE_NUMBER"), std::string::npos) << relay.LogTail();
+  EXPECT_EQ(lost, 0u);
+  EXPECT_EQ(phantom, 0u);
+  EXPECT_EQ(order_violations, 0u);
+  // Sent again: at most the failed page, not the two delivered before it.
+  EXPECT_LE(duplicates, 400u);
+  relay.Terminate();
+  EXPECT_EQ(relay.Wait(seconds(30)), std::optional<int>(0)) << relay.LogTail();
 }
 
 // `cleanup --table-mode=watermill`: a row goes once it is past retention and
