@@ -44,11 +44,6 @@ using RelayEnv = std::map<std::string, std::optional<std::string>>;
 
 class ExactlyOnce : public RelayTest {
  protected:
-  std::vector<std::string> Eos(std::vector<std::string> extra = {}) const {
-    extra.insert(extra.end(), {"--delivery", "exactly-once", "--progress-topic",
-                               topic_prefix_ + ".progress", "--shutdown-timeout-ms", "10000"});
-    return extra;
-  }
   // What a read_committed consumer sees of this test's topics (the progress
   // topic and the dead letters left out).
   std::vector<KafkaRecord> Committed(std::chrono::milliseconds timeout = seconds(90)) {

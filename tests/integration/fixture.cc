@@ -128,6 +128,12 @@ WorkloadOptions RelayTest::Workload() const {
   return o;
 }
 
+std::vector<std::string> RelayTest::Eos(std::vector<std::string> extra) const {
+  extra.insert(extra.end(), {"--delivery", "exactly-once", "--progress-topic",
+                             topic_prefix_ + ".progress", "--shutdown-timeout-ms", "10000"});
+  return extra;
+}
+
 WrittenRow RelayTest::InsertRow(Pg& pg, const RowSpec& spec) {
   WrittenRow w;
   w.uuid = NewUlid();

@@ -41,6 +41,10 @@ class RelayTest : public ::testing::Test {
 
   WorkloadOptions Workload() const;
 
+  // `extra` and the arguments of --delivery exactly-once (the progress topic
+  // under this test's prefix, a shutdown bound for the last transaction).
+  std::vector<std::string> Eos(std::vector<std::string> extra = {}) const;
+
   // One row of this test's table, inserted by `pg` (inside its transaction,
   // if one is open): aggregate `agg`, event type `event_type` of service
   // `service`, payload {"agg":...,"seq":...} (padded with `pad` bytes), with

@@ -284,17 +284,7 @@ TEST_F(ResilienceKafka, UnknownTopicStopsThenCreateTopicsDelivers) {
   fmt::print("total {:.1f} s\n", SecondsSince(started_));
 }
 
-class ResilienceProducer : public RelayTest {
- protected:
-  std::vector<std::string> Eos() const {
-    return {"--delivery",
-            "exactly-once",
-            "--progress-topic",
-            topic_prefix_ + ".progress",
-            "--shutdown-timeout-ms",
-            "10000"};
-  }
-};
+class ResilienceProducer : public RelayTest {};
 
 // OUTBOX_TEST_FAULT=fatal-after:N puts the idempotent producer into its fatal
 // state after N records, as an out-of-order sequence from the broker does
