@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -141,10 +142,8 @@ def children_cpu(parent):
     return out
 
 
-def client_ports(pid, server_port):
-    """Local ports of the TCP connections process `pid` holds to 127.0.0.1:`server_port`: how
-    the harness finds a contender's PostgreSQL sessions whatever it calls them (the Java and Go
-    peers name their sessions differently from the relay, and some not at all)."""
+def socket_inodes(pid):
+    """Inodes of the sockets process `pid` holds."""
     inodes = set()
     try:
         for fd in os.listdir(f"/proc/{pid}/fd"):
@@ -156,6 +155,32 @@ def client_ports(pid, server_port):
                 inodes.add(target[8:-1])
     except OSError:
         return set()
+    return inodes
+
+
+def unix_peer_pids(pid):
+    """Pids at the other end of the Unix-socket connections process `pid` holds (`ss -xp`
+    knows each connected socket's peer inode and owner): the contender's PostgreSQL backends
+    when it connects through the server's socket."""
+    mine = socket_inodes(pid)
+    if not mine:
+        return set()
+    out = subprocess.run(["ss", "-xpnH"], capture_output=True, text=True).stdout
+    peer_of, owner_of = {}, {}
+    for line in out.splitlines():
+        m = re.search(r"(\d+)\s+\S+\s+(\d+)\s+users:\(\(\"[^\"]*\",pid=(\d+)", line)
+        if m:
+            peer_of[m.group(1)] = m.group(2)
+            owner_of[m.group(1)] = int(m.group(3))
+    return {owner_of[peer_of[i]] for i in mine
+            if i in peer_of and peer_of[i] in owner_of and owner_of[peer_of[i]] != pid}
+
+
+def client_ports(pid, server_port):
+    """Local ports of the TCP connections process `pid` holds to 127.0.0.1:`server_port`: how
+    the harness finds a contender's PostgreSQL sessions whatever it calls them (the Java and Go
+    peers name their sessions differently from the relay, and some not at all)."""
+    inodes = socket_inodes(pid)
     ports = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -529,11 +554,24 @@ class Harness:
             if peer == "debezium" and not self.debezium_cp:
                 raise BenchError("OUTBOX_BENCH_DEBEZIUM_CP is not set (bench/peers/build)")
         self.sql = Psql(self.db, self.pg_bin)
+        # How the contenders reach PostgreSQL (--pg-transport); pgbench and the harness's own
+        # queries always over TCP.
+        self.contender_db = self.db
+        if args.pg_transport == "unix":
+            sockdir = self.sql.value("SHOW unix_socket_directories").split(",")[0].strip()
+            m = re.match(r"postgres(?:ql)?://([^@/]*)@[^/]*/([^?]*)", self.db)
+            if not sockdir or not m:
+                raise BenchError("--pg-transport unix: no socket directory, or DATABASE_URL "
+                                 "is not postgresql://user@host:port/db")
+            self.contender_db = (f"postgresql://{m.group(1)}@/{m.group(2)}?"
+                                 f"host={urllib.parse.quote(sockdir, safe='/')}"
+                                 f"&port={self.pg_port}")
         self.result = {
             "run_id": self.run_id,
             "started_at": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
             "mode": "quick" if args.quick else "full",
             "drain_row": args.row,
+            "pg_transport": args.pg_transport,
             "machine": self.machine(),
             "targets": {},
         }
@@ -855,7 +893,7 @@ END $$;
     def start_relay(self, slot, topic_template, sink, mark, logname, extra=()):
         port = free_port()
         cmd = [self.relay_bin, "run",
-               "--database-url", self.db, "--kafka-brokers", self.brokers,
+               "--database-url", self.contender_db, "--kafka-brokers", self.brokers,
                "--table", "public.outbox", "--publication", self.publication,
                "--slot", slot, "--topic-template", topic_template,
                "--sink", sink, "--mark", "true" if mark else "false",
@@ -887,6 +925,13 @@ END $$;
         ports of its sockets): 'walsender' for a replication connection, else the session's
         application_name (outbox-relay-marker, outbox-relay-metrics, watermill-forwarder, ...)."""
         ports = client_ports(pid, self.pg_port)
+        backends = unix_peer_pids(pid) if self.contender_db != self.db else set()
+        if backends:
+            rows = self.sql.query(
+                "SELECT pid, backend_type, coalesce(nullif(application_name, ''), 'unnamed') "
+                "FROM pg_stat_activity WHERE pid IN ("
+                + ",".join(str(x) for x in sorted(backends)) + ")")
+            return {int(r[0]): ("walsender" if r[1] == "walsender" else r[2]) for r in rows}
         if not ports:
             return {}
         rows = self.sql.query(
@@ -903,7 +948,7 @@ END $$;
         port = free_port()
         kind = contender_kind(contender)
         if kind == "watermill":
-            cmd = [self.watermill_bin, "-database-url", self.db, "-kafka-brokers", self.brokers,
+            cmd = [self.watermill_bin, "-database-url", self.contender_db, "-kafka-brokers", self.brokers,
                    "-consumer-group", f"bench-{self.run_id}-{group or 'forwarder'}",
                    "-topic-prefix", topic.rsplit(".", 1)[0],
                    "-metrics-addr", f"127.0.0.1:{port}"]
@@ -1102,7 +1147,7 @@ END $$;
 
     def recvlogical_cmd(self, slot, *extra):
         """pg_recvlogical streaming the bench's publication from `slot` into /dev/null."""
-        return [f"{self.pg_bin}/pg_recvlogical", "-d", self.db, "--slot", slot, "--start",
+        return [f"{self.pg_bin}/pg_recvlogical", "-d", self.contender_db, "--slot", slot, "--start",
                 "-o", "proto_version=1", "-o", f"publication_names={self.publication}", *extra,
                 "-f", "/dev/null"]
 
@@ -2030,6 +2075,9 @@ END $$;
             tv = res["table_variant"]
             lines.append(f"table variant {tv['name']}: reloptions [{tv['reloptions']}]; "
                          + "; ".join(tv["indexes"]))
+        if res.get("pg_transport", "tcp") != "tcp":
+            lines.append("contenders reach PostgreSQL through its Unix socket (--pg-transport "
+                         "unix); pgbench, the harness and Debezium over TCP")
         lines.append(f"load average at start {m['load_avg_at_start'][0]:.2f}"
                      + (f"; waited for quiet: {m['waited_for_quiet']}" if "waited_for_quiet" in m
                         else ""))
@@ -2373,6 +2421,12 @@ def parse_args(argv):
     p.add_argument("--catch-up-timeout", type=float, default=300)
     p.add_argument("--db-cost-baseline", default="bench/baseline/db-cost-3982f78.json",
                    help="db-cost.json of a run at the commit target 1 compares with")
+    p.add_argument("--pg-transport", choices=["tcp", "unix"], default="tcp",
+                   help="how pg_recvlogical, the relay and the Watermill forwarder reach "
+                        "PostgreSQL: tcp (127.0.0.1) or unix (the server's socket: the "
+                        "walsender's sends then skip the loopback TCP stack, whose receiving "
+                        "half a real network runs on the client's host). pgbench, the "
+                        "harness and Debezium (JDBC) stay on TCP")
     p.add_argument("--capacity-seconds", type=int, default=20)
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--pgbench-threads", type=int, default=2)
