@@ -79,6 +79,21 @@ class Watermill : public RelayTest {
         .value_or("");
   }
 
+  // Waits up to `timeout` for the group's position to reach the table's last
+  // row (progress is written after Kafka's acks: then everything is in Kafka).
+  ::testing::AssertionResult WaitPositionAtLastRow(std::chrono::seconds timeout) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (Position() != LastRow()) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        return ::testing::AssertionFailure()
+               << "the group's position " << Position() << " is not at the last row " << LastRow()
+               << " after " << timeout.count() << " s";
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    return ::testing::AssertionSuccess();
+  }
+
   std::set<std::string> UuidsInKafka(size_t at_least) {
     ReadOptions o;
     o.max_records = at_least;
@@ -116,11 +131,7 @@ TEST_F(Watermill, PositionNeverPassesATransactionThatCanStillCommitBehindIt) {
   EXPECT_TRUE(seen.contains(ua));
   // Now nothing is in flight and nothing can commit behind B: the position
   // reaches the last row.
-  auto deadline = std::chrono::steady_clock::now() + seconds(30);
-  while (Position() != LastRow() && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-  EXPECT_EQ(Position(), LastRow()) << relay.LogTail();
+  EXPECT_TRUE(WaitPositionAtLastRow(seconds(30))) << relay.LogTail();
   relay.Terminate();
   EXPECT_EQ(relay.Wait(seconds(30)), std::optional<int>(0)) << relay.LogTail();
 }
@@ -144,11 +155,7 @@ TEST_F(Watermill, FirstStartPublishesWhatTheGroupHasNotProcessedAndNothingElse) 
   std::set<std::string> want(uuids.begin() + 4, uuids.end());
   want.insert(late);
   EXPECT_EQ(seen, want) << relay.LogTail();
-  auto deadline = std::chrono::steady_clock::now() + seconds(30);
-  while (Position() != LastRow() && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-  EXPECT_EQ(Position(), LastRow());
+  EXPECT_TRUE(WaitPositionAtLastRow(seconds(30)));
   relay.Terminate();
   EXPECT_EQ(relay.Wait(seconds(30)), std::optional<int>(0)) << relay.LogTail();
 }
@@ -219,11 +226,7 @@ TEST_F(Watermill, LoadAcrossARestartLosesNothingAndKeepsEachKeysOrder) {
   ASSERT_EQ(error, "");
   ASSERT_GT(ledger.committed_count(), 0u);
   // Progress is written after Kafka's acks: at the last row, everything is in Kafka.
-  auto deadline = std::chrono::steady_clock::now() + seconds(60);
-  while (Position() != LastRow() && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-  EXPECT_EQ(Position(), LastRow()) << relay->LogTail();
+  EXPECT_TRUE(WaitPositionAtLastRow(seconds(60))) << relay->LogTail();
   DeliveryReport report = CheckDelivery(ledger.committed(), ledger.rolled_back(), ReadTopics());
   std::printf("%s\n", report.Summary().c_str());
   EXPECT_EQ(report.lost, 0u) << report.Samples();
@@ -247,11 +250,7 @@ TEST_F(Watermill, AFatalProducerErrorUnderATablesCatchUpRestartsThePipeline) {
   RelayProcess& first = StartRelay(WatermillArgs());
   ASSERT_TRUE(WaitStreaming(first)) << first.LogTail();
   Insert(*db_, 0);
-  auto deadline = std::chrono::steady_clock::now() + seconds(30);
-  while (Position() != LastRow() && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-  ASSERT_EQ(Position(), LastRow()) << first.LogTail();
+  ASSERT_TRUE(WaitPositionAtLastRow(seconds(30))) << first.LogTail();
   first.Terminate();
   ASSERT_EQ(first.Wait(seconds(30)), std::optional<int>(0)) << first.LogTail();
   // Out of the publication while rows are written: the stream will not have them.
@@ -279,11 +278,7 @@ TEST_F(Watermill, AFatalProducerErrorUnderATablesCatchUpRestartsThePipeline) {
       StartRelay(args, {{"OUTBOX_TEST_FAULT", fmt::format("fatal-after:{}", kFatalAfter)}});
   ASSERT_TRUE(relay.WaitForLog("joined the publication", seconds(30))) << relay.LogTail();
   ASSERT_TRUE(WaitStreaming(relay, seconds(90))) << relay.LogTail();
-  deadline = std::chrono::steady_clock::now() + seconds(60);
-  while (Position() != LastRow() && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-  EXPECT_EQ(Position(), LastRow()) << relay.LogTail();
+  EXPECT_TRUE(WaitPositionAtLastRow(seconds(60))) << relay.LogTail();
   ASSERT_TRUE(relay.Running()) << "the relay exited after the producer's fatal error:\n"
                                << relay.LogTail();
 
