@@ -948,7 +948,8 @@ END $$;
         port = free_port()
         kind = contender_kind(contender)
         if kind == "watermill":
-            cmd = [self.watermill_bin, "-database-url", self.contender_db, "-kafka-brokers", self.brokers,
+            cmd = [self.watermill_bin, "-database-url", self.contender_db,
+                   "-kafka-brokers", self.brokers,
                    "-consumer-group", f"bench-{self.run_id}-{group or 'forwarder'}",
                    "-topic-prefix", topic.rsplit(".", 1)[0],
                    "-metrics-addr", f"127.0.0.1:{port}"]
@@ -1147,9 +1148,9 @@ END $$;
 
     def recvlogical_cmd(self, slot, *extra):
         """pg_recvlogical streaming the bench's publication from `slot` into /dev/null."""
-        return [f"{self.pg_bin}/pg_recvlogical", "-d", self.contender_db, "--slot", slot, "--start",
-                "-o", "proto_version=1", "-o", f"publication_names={self.publication}", *extra,
-                "-f", "/dev/null"]
+        return [f"{self.pg_bin}/pg_recvlogical", "-d", self.contender_db, "--slot", slot,
+                "--start", "-o", "proto_version=1",
+                "-o", f"publication_names={self.publication}", *extra, "-f", "/dev/null"]
 
     def drain_recvlogical(self, slot, start_lsn, end_lsn, rows):
         cmd = self.recvlogical_cmd(slot, "--no-loop", "-E", lsn_text(end_lsn))
