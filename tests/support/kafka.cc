@@ -11,6 +11,7 @@
 #include <memory>
 #include <set>
 #include <stdexcept>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -175,8 +176,12 @@ std::vector<KafkaRecord> KafkaReader::Read(const std::vector<std::string>& topic
     r.topic = rd_kafka_topic_name(m->rkt);
     r.partition = m->partition;
     r.offset = m->offset;
-    if (m->key != nullptr) r.key.emplace(static_cast<const char*>(m->key), m->key_len);
-    if (m->payload != nullptr) r.value.emplace(static_cast<const char*>(m->payload), m->len);
+    if (m->key != nullptr && !options.ids_only) {
+      r.key.emplace(static_cast<const char*>(m->key), m->key_len);
+    }
+    if (m->payload != nullptr && !options.ids_only) {
+      r.value.emplace(static_cast<const char*>(m->payload), m->len);
+    }
     rd_kafka_headers_t* hdrs = nullptr;
     if (rd_kafka_message_headers(m, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR) {
       const char* name = nullptr;
@@ -185,6 +190,7 @@ std::vector<KafkaRecord> KafkaReader::Read(const std::vector<std::string>& topic
       for (size_t i = 0;
            rd_kafka_header_get_all(hdrs, i, &name, &val, &size) == RD_KAFKA_RESP_ERR_NO_ERROR;
            ++i) {
+        if (options.ids_only && std::string_view(name) != "_watermill_message_uuid") continue;
         KafkaHeader h{name, std::nullopt};
         if (val != nullptr) h.value.emplace(static_cast<const char*>(val), size);
         r.headers.push_back(std::move(h));

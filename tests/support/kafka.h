@@ -45,6 +45,10 @@ struct ReadOptions {
   // as read once the consumer reports its end (the commit markers are never
   // returned, so offsets do not reach the high watermark).
   bool read_committed = false;
+  // Keep only each record's position and its _watermill_message_uuid header
+  // (no key, value or other headers): what the set checks need, for reads of
+  // millions of records (the fault campaign's long run).
+  bool ids_only = false;
 };
 
 class KafkaReader {

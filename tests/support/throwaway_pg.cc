@@ -186,6 +186,31 @@ std::unique_ptr<ThrowawayPostgres> ThrowawayPostgres::StandbyOf(const ThrowawayP
   return s;
 }
 
+std::unique_ptr<ThrowawayPostgres> ThrowawayPostgres::BaseBackupOf(const ThrowawayPostgres& primary,
+                                                                   int port,
+                                                                   const std::string& settings,
+                                                                   const std::string& name) {
+  if (!primary.started_) throw std::logic_error("BaseBackupOf: start the primary first");
+  const std::string tool = primary.bin_ + "/pg_basebackup";
+  if (::access(tool.c_str(), X_OK) != 0) {
+    throw std::runtime_error(fmt::format(
+        "no {}: the PostgreSQL {} build has no client programs (Debian's PostgreSQL 15, which "
+        "scripts/deps installs, has them)",
+        tool, primary.major_));
+  }
+  std::unique_ptr<ThrowawayPostgres> s(
+      new ThrowawayPostgres(port, settings, primary.major_, NoInit{}));
+  // --checkpoint=fast: the copy starts at once instead of at the next
+  // scheduled checkpoint; --no-sync: a test cluster need not survive a power
+  // cut of the machine (the server's own fsync stays on).
+  s->Run(fmt::format("{}/pg_basebackup -D {}/data -d 'host=127.0.0.1 port={} user=postgres "
+                     "application_name={}' -X stream -R --checkpoint=fast --no-sync "
+                     "> {}/basebackup.log 2>&1",
+                     primary.bin_, s->dir_, primary.port_, name, s->dir_),
+         "pg_basebackup");
+  return s;
+}
+
 ThrowawayPostgres::~ThrowawayPostgres() {
   if (started_) {
     try {

@@ -44,6 +44,17 @@ class ThrowawayPostgres {
                                                       const std::string& settings,
                                                       const std::string& standby_conf);
 
+  // A physical standby of the RUNNING `primary`, copied with pg_basebackup
+  // (-X stream -R: standby.signal, and primary_conninfo naming `primary` with
+  // application_name `name`), as a standby is made in production: under load,
+  // without stopping the primary, and asynchronous unless the primary's
+  // synchronous_standby_names names it. Needs pg_basebackup beside the
+  // server programs (Debian's PostgreSQL 15 has it, the npm builds of the
+  // other majors do not: then it throws, saying so). Not started: call Start().
+  static std::unique_ptr<ThrowawayPostgres> BaseBackupOf(const ThrowawayPostgres& primary, int port,
+                                                         const std::string& settings,
+                                                         const std::string& name);
+
   std::string url(const std::string& database = "postgres") const;  // postgresql://postgres@...
   const std::string& dir() const { return dir_; }
   std::string data_dir() const { return dir_ + "/data"; }

@@ -170,13 +170,23 @@ std::string NewUlid() {
 
 // ---- Ledger -------------------------------------------------------------------------------
 
+void Ledger::Trim(std::vector<WrittenRow>* rows) const {
+  if (keep_records_) return;
+  for (WrittenRow& r : *rows) {
+    r.metadata_json = std::string();
+    r.expected = ExpectedRecord();
+  }
+}
+
 void Ledger::AddCommitted(const std::string& xid, std::vector<WrittenRow> rows) {
+  Trim(&rows);
   std::lock_guard lock(mu_);
   if (!rows.empty()) transactions_.push_back({xid, static_cast<int>(rows.size())});
   for (auto& r : rows) committed_.push_back(std::move(r));
 }
 
 void Ledger::AddRolledBack(std::vector<WrittenRow> rows) {
+  Trim(&rows);
   std::lock_guard lock(mu_);
   for (auto& r : rows) rolled_back_.push_back(std::move(r));
 }
@@ -189,6 +199,17 @@ std::vector<WrittenRow> Ledger::committed() const {
 std::vector<WrittenRow> Ledger::rolled_back() const {
   std::lock_guard lock(mu_);
   return rolled_back_;
+}
+
+void Ledger::AddInDoubt(std::vector<WrittenRow> rows) {
+  Trim(&rows);
+  std::lock_guard lock(mu_);
+  for (auto& r : rows) in_doubt_.push_back(std::move(r));
+}
+
+std::vector<WrittenRow> Ledger::in_doubt() const {
+  std::lock_guard lock(mu_);
+  return in_doubt_;
 }
 
 std::vector<CommittedTransaction> Ledger::transactions() const {
@@ -311,8 +332,16 @@ bool Writer::Transaction(const TxSpec& spec) {
     ledger_->AddRolledBack(std::move(phantoms));
     return false;
   }
-  pg_.Exec("COMMIT");
   for (auto& r : rows) r.xid = xid;
+  try {
+    pg_.Exec("COMMIT");
+  } catch (...) {
+    // No answer to the COMMIT: it may have committed. The savepoint's rows
+    // are rolled back either way.
+    ledger_->AddInDoubt(std::move(rows));
+    ledger_->AddRolledBack(std::move(phantoms));
+    throw;
+  }
   ledger_->AddCommitted(xid, std::move(rows));
   ledger_->AddRolledBack(std::move(phantoms));
   return true;
@@ -339,8 +368,9 @@ LoadGenerator::~LoadGenerator() { Stop(); }
 
 void LoadGenerator::Start() {
   stop_ = false;
+  const uint64_t base = seed_.value_or(std::random_device{}());
   for (int w = 0; w < writers_; ++w) {
-    uint64_t seed = std::random_device{}() * 7919ull + static_cast<uint64_t>(w);
+    uint64_t seed = base * 7919ull + static_cast<uint64_t>(w);
     fmt::print("load: writer {} seed {}\n", w, seed);
     threads_.emplace_back([this, seed] { Write(seed); });
   }
