@@ -59,6 +59,7 @@
 //   OUTBOX_CAMPAIGN_MINUTES=60 build/tests/integration/campaign_tests
 // Each relay instance logs to
 // <build>/tests/integration/logs/FaultCampaign.<mode>.<a|b|foreign>.log.
+#include <fmt/chrono.h>
 #include <fmt/format.h>
 #include <signal.h>
 #include <unistd.h>
@@ -180,6 +181,40 @@ std::string LastErrorLine(const std::string& log) {
   return log.substr(start, (end == std::string::npos ? log.size() : end) - start);
 }
 
+// When the rows `uuids` of `table` were written, in seconds since `since`
+// (the start of the faults), grouped where they lie within 2 s of each other.
+// Set beside the faults' timeline, it says which fault a row was lost or
+// repeated at (FaultCampaign::Describe).
+struct WrittenCluster {
+  double from = 0;
+  double to = 0;
+  size_t rows = 0;
+};
+std::vector<WrittenCluster> WhenWritten(Pg& db, const std::string& table,
+                                        const std::vector<std::string>& uuids,
+                                        std::chrono::system_clock::time_point since) {
+  std::vector<WrittenCluster> out;
+  if (uuids.empty()) return out;
+  std::string array = "{";
+  for (size_t i = 0; i < uuids.size() && i < 200000; ++i) array += (i > 0 ? "," : "") + uuids[i];
+  array += "}";
+  const double t0 = std::chrono::duration<double>(since.time_since_epoch()).count();
+  std::vector<double> at;
+  for (const Row& r : db.Query(fmt::format("SELECT extract(epoch FROM created_at)::float8 FROM {} "
+                                           "WHERE uuid = ANY ($1::varchar[]) ORDER BY 1",
+                                           QuoteIdent(table)),
+                               {array})) {
+    if (r[0]) at.push_back(std::stod(*r[0]) - t0);
+  }
+  for (size_t i = 0; i < at.size();) {
+    size_t j = i;
+    while (j + 1 < at.size() && at[j + 1] - at[j] <= 2.0) ++j;
+    out.push_back({at[i], at[j], j - i + 1});
+    i = j + 1;
+  }
+  return out;
+}
+
 class FaultCampaign : public RelayTest {
  protected:
   void TearDown() override {
@@ -293,6 +328,7 @@ class FaultCampaign : public RelayTest {
       bool replaced = log.find("this relay was replaced") != std::string::npos;
       ++self_exits_;
       if (replaced) ++replaced_exits_;
+      AddEvent(which + " exited", SecondsSince(phase_start_));
       Note(fmt::format("{} exited by itself ({}{}): restarted", which,
                        r.exit_code() ? fmt::format("code {}", *r.exit_code()) : "?",
                        replaced ? ", replaced: fenced" : "; " + LastErrorLine(log)));
@@ -339,6 +375,7 @@ class FaultCampaign : public RelayTest {
     if (foreign_frozen_ && now >= foreign_thaw_at_) {
       foreign_->Resume();
       foreign_frozen_ = false;
+      events_[foreign_event_].end = SecondsSince(phase_start_);
       Note("foreign relay thawed");
     }
     if (broker_state_ == BrokerState::kDown && now >= broker_restart_at_) {
@@ -363,6 +400,7 @@ class FaultCampaign : public RelayTest {
       if (under == 0) {
         broker_state_ = BrokerState::kUp;
         broker_recoveries_.push_back(SecondsSince(broker_killed_at_));
+        events_[broker_event_].end = SecondsSince(phase_start_);
         Note(fmt::format("broker {}: every partition in sync again, {:.1f} s after the kill",
                          broker_down_ + 1, broker_recoveries_.back()));
       } else if (now - broker_killed_at_ > seconds(240) && !broker_stuck_reported_) {
@@ -374,8 +412,13 @@ class FaultCampaign : public RelayTest {
     }
   }
 
+  // A line of the faults' timeline: seconds into the faults, and the UTC
+  // time the relays' logs use.
   void Note(const std::string& what) {
-    fmt::print("[{:7.1f} s] {}\n", SecondsSince(phase_start_), what);
+    auto now = std::chrono::system_clock::now();
+    auto ms = std::chrono::duration_cast<milliseconds>(now.time_since_epoch()).count() % 1000;
+    fmt::print("[{:7.1f} s {:%H:%M:%S}.{:03}Z] {}\n", SecondsSince(phase_start_),
+               std::chrono::time_point_cast<std::chrono::seconds>(now), ms, what);
     std::fflush(stdout);
   }
 
@@ -555,6 +598,39 @@ class FaultCampaign : public RelayTest {
         SecondsSince(made)));
   }
 
+  // ---- the timeline ---------------------------------------------------------------------------
+
+  // A fault from its start to its end (a frozen process thawed, a killed
+  // broker's partitions in sync again), in seconds into the faults.
+  struct Event {
+    double start = 0;
+    double end = 0;
+    std::string what;
+  };
+  size_t AddEvent(std::string what, double start) {
+    events_.push_back({start, SecondsSince(phase_start_), std::move(what)});
+    return events_.size() - 1;
+  }
+  // Clusters of rows by when they were written, each with the faults around
+  // it (begun at most 10 s after its last row, ended at most 1 s before its
+  // first): "74.3-76.0 s: 942 rows (near: async standby promotion 73.1-74.2)".
+  std::string Describe(const std::vector<WrittenCluster>& clusters) const {
+    if (clusters.empty()) return "-";
+    std::string out;
+    for (const WrittenCluster& c : clusters) {
+      std::string near;
+      for (const Event& e : events_) {
+        if (e.start <= c.to + 10 && e.end >= c.from - 1) {
+          near +=
+              fmt::format("{}{} {:.1f}-{:.1f}", near.empty() ? "" : ", ", e.what, e.start, e.end);
+        }
+      }
+      out += fmt::format("\n    {:.1f}-{:.1f} s: {} rows{}", c.from, c.to, c.rows,
+                         near.empty() ? "" : " (near: " + near + ")");
+    }
+    return out;
+  }
+
   // ---- state ----------------------------------------------------------------------------------
 
   enum class BrokerState { kUp, kDown, kRecovering };
@@ -589,6 +665,9 @@ class FaultCampaign : public RelayTest {
   int term_failures_ = 0;
   std::vector<double> takeovers_;
   std::vector<double> broker_recoveries_;
+  std::vector<Event> events_;
+  size_t foreign_event_ = 0;
+  size_t broker_event_ = 0;
 };
 
 // Delivery of one relay's rows: the final table is the truth; rows the
@@ -605,6 +684,8 @@ struct CampaignDelivery {
   size_t dlq = 0;             // dead letters (none expected)
   std::vector<std::string> lost_uuids;
   std::vector<std::string> duplicated_uuids;  // rows of the table in Kafka more than once
+  std::vector<std::string>
+      out_of_order_uuids;  // first copies after a higher seq of their aggregate
 };
 
 CampaignDelivery CheckCampaign(const std::vector<WrittenRow>& table, const Ledger& ledger,
@@ -650,11 +731,20 @@ CampaignDelivery CheckCampaign(const std::vector<WrittenRow>& table, const Ledge
   for (const auto& [uuid, n] : excused_copies) extra += n - 1;
   out.report = CheckDelivery(table, ledger.rolled_back(), kept);
   out.duplicates = out.report.duplicates + extra;
-  // Which rows, for when they were written (WhenWritten).
+  // Which rows, for when they were written (WhenWritten): as CheckDelivery
+  // counts them.
+  std::unordered_map<std::string, const WrittenRow*> by_uuid;
+  for (const WrittenRow& w : table) by_uuid.emplace(w.uuid, &w);
   std::unordered_map<std::string, size_t> copies;
+  std::unordered_map<std::string, int64_t> last_seq;
   for (const KafkaRecord& r : kept) {
     const KafkaHeader* h = r.FindHeader("_watermill_message_uuid");
-    if (h != nullptr && h->value) ++copies[*h->value];
+    if (h == nullptr || !h->value || copies[*h->value]++ > 0) continue;
+    auto it = by_uuid.find(*h->value);
+    if (it == by_uuid.end() || it->second->aggregate.empty()) continue;
+    int64_t& last = last_seq[it->second->aggregate];
+    if (it->second->seq <= last) out.out_of_order_uuids.push_back(*h->value);
+    last = std::max(last, it->second->seq);
   }
   for (const WrittenRow& w : table) {
     auto it = copies.find(w.uuid);
@@ -663,36 +753,6 @@ CampaignDelivery CheckCampaign(const std::vector<WrittenRow>& table, const Ledge
     } else if (it->second > 1) {
       out.duplicated_uuids.push_back(w.uuid);
     }
-  }
-  return out;
-}
-
-// When the rows `uuids` of `table` were written, in seconds since `since`
-// (the start of the faults), grouped where they lie within 2 s of each other:
-// "12.1-13.0 s: 500 rows, 74.3-76.0 s: 942 rows". Set beside the faults'
-// timeline printed as they happen, it says which fault a row was lost or
-// repeated at.
-std::string WhenWritten(Pg& db, const std::string& table, const std::vector<std::string>& uuids,
-                        std::chrono::system_clock::time_point since) {
-  if (uuids.empty()) return "-";
-  std::string array = "{";
-  for (size_t i = 0; i < uuids.size() && i < 200000; ++i) array += (i > 0 ? "," : "") + uuids[i];
-  array += "}";
-  const double t0 = std::chrono::duration<double>(since.time_since_epoch()).count();
-  std::vector<double> at;
-  for (const Row& r : db.Query(fmt::format("SELECT extract(epoch FROM created_at)::float8 FROM {} "
-                                           "WHERE uuid = ANY ($1::varchar[]) ORDER BY 1",
-                                           QuoteIdent(table)),
-                               {array})) {
-    if (r[0]) at.push_back(std::stod(*r[0]) - t0);
-  }
-  std::string out;
-  for (size_t i = 0; i < at.size();) {
-    size_t j = i;
-    while (j + 1 < at.size() && at[j + 1] - at[j] <= 2.0) ++j;
-    out +=
-        fmt::format("{}{:.1f}-{:.1f} s: {} rows", out.empty() ? "" : ", ", at[i], at[j], j - i + 1);
-    i = j + 1;
   }
   return out;
 }
@@ -831,7 +891,11 @@ void FaultCampaign::Run(bool exactly_once) {
       continue;  // the same one of the first pass again; another draw after it
     }
     if (next_first < first.size()) ++next_first;
+    const double start = SecondsSince(phase_start_);
     Apply(f, rng);
+    size_t event = AddEvent(Name(f), start);
+    if (f == Fault::kForeignFreeze) foreign_event_ = event;
+    if (f == Fault::kBrokerKill) broker_event_ = event;
     ++counts[f];
     Supervise();
     Idle(milliseconds(500 + rng() % 2500));
@@ -919,11 +983,17 @@ void FaultCampaign::Run(bool exactly_once) {
       "table; {} of these rows were published before it), order violations {}, duplicates {}\n",
       d.report.lost, d.report.phantom, d.gone, d.in_doubt_gone, d.gone_published,
       d.report.order_violations, d.duplicates);
-  if (!d.lost_uuids.empty() || !d.duplicated_uuids.empty()) {
-    fmt::print("lost rows written at (s into the faults): {}\n",
-               WhenWritten(*db_, name_, d.lost_uuids, phase_wall));
-    fmt::print("duplicated rows written at (s into the faults): {}\n",
-               WhenWritten(*db_, name_, d.duplicated_uuids, phase_wall));
+  if (!d.lost_uuids.empty()) {
+    fmt::print("lost rows, by when they were written (s into the faults):{}\n",
+               Describe(WhenWritten(*db_, name_, d.lost_uuids, phase_wall)));
+  }
+  if (!d.duplicated_uuids.empty()) {
+    fmt::print("duplicated rows, by when they were written:{}\n",
+               Describe(WhenWritten(*db_, name_, d.duplicated_uuids, phase_wall)));
+  }
+  if (!d.out_of_order_uuids.empty()) {
+    fmt::print("rows out of order, by when they were written:{}\n",
+               Describe(WhenWritten(*db_, name_, d.out_of_order_uuids, phase_wall)));
   }
   fmt::print(
       "time to heal: {:.1f} s (faults over -> Kafka in sync, foreign relay thawed {:.1f} s -> "
