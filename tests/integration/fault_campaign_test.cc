@@ -27,14 +27,17 @@
 // - hot-standby takeover: the active instance killed -9 or stopped, the
 //   standby takes over, the dead one comes back as the new standby;
 // - PostgreSQL restart -m immediate;
-// - promotion of the asynchronous standby: the primary's walsender to it
-//   frozen for 0-3 s (the lag an async standby has under load), the primary killed
-//   (-m immediate), the standby promoted; a new standby is made of the new
-//   primary with pg_basebackup for the next promotion;
+// - promotion of the asynchronous standby while a relay streams: the
+//   primary's walsender to it frozen for 0-3 s (the lag an async standby has
+//   under load), the primary killed (-m immediate), the standby promoted; a
+//   new standby is made of the new primary with pg_basebackup for the next
+//   promotion;
 // - a Kafka broker killed -9, restarted 2-12 s later (the next broker kill
 //   waits until every partition is back in sync);
-// - the foreign relay frozen (SIGSTOP) for 2-20 s: in exactly-once mode, its
-//   open Kafka transaction on the shared progress topic.
+// - the foreign relay frozen (SIGSTOP) for 2-20 s, and this relay's active
+//   instance killed -9 and restarted 0.2-2 s into the freeze: in exactly-once
+//   mode, it reads its progress behind the foreign relay's open Kafka
+//   transaction on the shared progress topic.
 //
 // Truth: the final primary's table. Rows the writers saw committed on an old
 // primary that never reached the standby are gone from the database: counted
@@ -108,8 +111,8 @@ constexpr std::array kFaults = {Fault::kRelayKill,  Fault::kRelayFreeze,  Fault:
                                 Fault::kTakeover,   Fault::kPgRestart,    Fault::kPromotion,
                                 Fault::kBrokerKill, Fault::kForeignFreeze};
 // After the first pass: how often each kind is drawn (the relay's own faults
-// most, the slow ones — a promotion makes a new standby — least).
-constexpr std::array kWeights = {3, 2, 2, 2, 1, 1, 1, 2};
+// most, a PostgreSQL restart and a broker kill least).
+constexpr std::array kWeights = {3, 2, 2, 2, 1, 2, 1, 2};
 
 const char* Name(Fault f) {
   switch (f) {
@@ -156,10 +159,6 @@ double CampaignMinutes() {
     return std::stod(s);
   }
   return 1.5;
-}
-
-size_t Count(const std::string& text, const std::string& needle) {
-  return CountOccurrences(text, needle);
 }
 
 // The walsender pid of the last "streaming from slot ... (walsender pid N;"
@@ -481,7 +480,6 @@ class FaultCampaign : public RelayTest {
         Hold hold(this, i);
         size_t other = 1 - i;
         bool kill = rng() % 2 == 0;
-        size_t before = Count(pair_[other]->Log(), "is free: taking over");
         auto t0 = Clock::now();
         if (kill) {
           pair_[i]->Kill(SIGKILL);
@@ -489,9 +487,11 @@ class FaultCampaign : public RelayTest {
         } else {
           pair_[i]->Pause();
         }
+        // Taken over: the slot's walsender is the other instance's (it may
+        // have restarted meanwhile, e.g. a fenced zombie of an earlier fault).
         bool took_over = false;
         while (Clock::now() - t0 < seconds(60)) {
-          if (Count(pair_[other]->Log(), "is free: taking over") > before) {
+          if (Active() == std::optional<size_t>(other)) {
             took_over = true;
             break;
           }
@@ -544,11 +544,26 @@ class FaultCampaign : public RelayTest {
         break;
       }
       case Fault::kForeignFreeze: {
+        // The foreign relay is frozen whatever it was doing (inside a Kafka
+        // transaction, most of the time); what that can hide from this
+        // relay's progress, it hides when this relay reads it: at a start.
+        // So the active instance is restarted (kill -9) during the freeze.
         milliseconds frozen(2000 + rng() % 18000);
+        milliseconds restart_after(200 + rng() % 1800);
         foreign_->Pause();
         foreign_frozen_ = true;
         foreign_thaw_at_ = Clock::now() + frozen;
-        Note(fmt::format("foreign relay frozen for {} ms", frozen.count()));
+        Idle(restart_after);
+        bool active = false;
+        size_t i = Target(seconds(10), &active);
+        Hold hold(this, i);
+        pair_[i]->Kill(SIGKILL);
+        pair_[i]->Wait(seconds(10));
+        pair_[i]->Start();
+        Note(fmt::format(
+            "foreign relay frozen for {} ms; {} ms into it relay {} ({}) kill -9, restarted",
+            frozen.count(), restart_after.count(), "ab"[i],
+            active ? "active" : "no instance active"));
         break;
       }
     }
@@ -560,6 +575,8 @@ class FaultCampaign : public RelayTest {
   // promoted; then a new standby of it, on the old primary's port (the URL
   // the relays and writers have names both ports).
   void Promote(std::mt19937_64& rng) {
+    // While a relay streams: a promotion no relay sees happen tests less.
+    (void)Target(seconds(20));
     auto t0 = Clock::now();
     milliseconds lag(rng() % 4 == 0 ? 0 : 200 + rng() % 2800);
     std::optional<int> sender;
@@ -683,6 +700,12 @@ struct CampaignDelivery {
   size_t duplicates = 0;      // report.duplicates plus extra copies of gone rows
   size_t dlq = 0;             // dead letters (none expected)
   std::vector<std::string> lost_uuids;
+  // Lost rows whose transaction id a row gone with the failover had too: a
+  // promoted standby hands out again the xids (and sequence values) the old
+  // primary used after the last WAL it sent, so a (transaction_id,
+  // offset_consumed) key of the old history can name another row on the new.
+  size_t lost_reused_xid = 0;
+  std::vector<std::string> lost_samples;      // the first few, with their xids
   std::vector<std::string> duplicated_uuids;  // rows of the table in Kafka more than once
   std::vector<std::string>
       out_of_order_uuids;  // first copies after a higher seq of their aggregate
@@ -697,18 +720,21 @@ CampaignDelivery CheckCampaign(const std::vector<WrittenRow>& table, const Ledge
   in_table.reserve(table.size());
   for (const WrittenRow& w : table) in_table.insert(w.uuid);
   std::unordered_set<std::string> excused;
+  std::unordered_set<std::string> gone_xids;
   std::vector<WrittenRow> committed = ledger.committed();
   out.ledger_committed = committed.size();
   for (const WrittenRow& w : committed) {
     if (!in_table.contains(w.uuid)) {
       ++out.gone;
       excused.insert(w.uuid);
+      gone_xids.insert(w.xid);
     }
   }
   for (const WrittenRow& w : ledger.in_doubt()) {
     if (!in_table.contains(w.uuid)) {
       ++out.in_doubt_gone;
       excused.insert(w.uuid);
+      gone_xids.insert(w.xid);
     }
   }
   std::vector<KafkaRecord> kept;
@@ -750,6 +776,13 @@ CampaignDelivery CheckCampaign(const std::vector<WrittenRow>& table, const Ledge
     auto it = copies.find(w.uuid);
     if (it == copies.end()) {
       out.lost_uuids.push_back(w.uuid);
+      bool reused = gone_xids.contains(w.xid);
+      if (reused) ++out.lost_reused_xid;
+      if (out.lost_samples.size() < 10) {
+        out.lost_samples.push_back(
+            fmt::format("lost {} (aggregate {} seq {}, xid {}{})", w.uuid, w.aggregate, w.seq,
+                        w.xid, reused ? ", the xid of a row gone with the failover too" : ""));
+      }
     } else if (it->second > 1) {
       out.duplicated_uuids.push_back(w.uuid);
     }
@@ -986,6 +1019,9 @@ void FaultCampaign::Run(bool exactly_once) {
   if (!d.lost_uuids.empty()) {
     fmt::print("lost rows, by when they were written (s into the faults):{}\n",
                Describe(WhenWritten(*db_, name_, d.lost_uuids, phase_wall)));
+    fmt::print("lost rows with the xid of a row gone with the failover: {} of {}\n",
+               d.lost_reused_xid, d.lost_uuids.size());
+    for (const std::string& l : d.lost_samples) fmt::print("  {}\n", l);
   }
   if (!d.duplicated_uuids.empty()) {
     fmt::print("duplicated rows, by when they were written:{}\n",
