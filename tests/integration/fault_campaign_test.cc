@@ -78,6 +78,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -169,14 +170,20 @@ int LastWalsenderPid(const std::string& log) {
   return std::atoi(log.c_str() + at + needle.size());
 }
 
-// The last line of `log` containing "error" (for the report of an exit).
+// The error a relay stopped on: the last error line of its log but the
+// generic "stopped without confirming" that follows every one.
 std::string LastErrorLine(const std::string& log) {
-  size_t at = log.rfind(" error ");
-  if (at == std::string::npos) return "";
-  size_t start = log.rfind('\n', at);
-  size_t end = log.find('\n', at);
-  start = start == std::string::npos ? 0 : start + 1;
-  return log.substr(start, (end == std::string::npos ? log.size() : end) - start);
+  for (size_t end = log.size(); end > 0;) {
+    size_t start = log.rfind('\n', end - 1);
+    start = start == std::string::npos ? 0 : start + 1;
+    std::string_view line(log.data() + start, end - start);
+    if (line.find(" error ") != std::string_view::npos &&
+        line.find("stopped without confirming") == std::string_view::npos) {
+      return std::string(line);
+    }
+    end = start == 0 ? 0 : start - 1;
+  }
+  return "";
 }
 
 // When the rows `uuids` of `table` were written, in seconds since `since`
@@ -686,9 +693,47 @@ class FaultCampaign : public RelayTest {
   size_t broker_event_ = 0;
 };
 
-// Delivery of one relay's rows: the final table is the truth; rows the
-// writers saw committed (or sent a COMMIT for) that the table does not have
-// are gone with a failover, and their records excused.
+// A ULID (26 Crockford base32 characters, what the writers use as uuid) as
+// 128 bits, so that sets of millions of rows fit in memory. (26 digits are
+// 130 bits: the first digit is at most 7 until the year 10889.)
+struct Id {
+  uint64_t hi = 0;
+  uint64_t lo = 0;
+  bool operator==(const Id&) const = default;
+};
+struct IdHash {
+  size_t operator()(const Id& id) const {
+    return std::hash<uint64_t>{}(id.hi * 0x9E3779B97F4A7C15ull ^ id.lo);
+  }
+};
+constexpr std::string_view kCrockford = "0123456789ABCDEFGHJKMNPQRSTVWXYZ";
+std::optional<Id> ParseUlid(std::string_view s) {
+  if (s.size() != 26) return std::nullopt;
+  Id id;
+  for (char c : s) {
+    size_t v = kCrockford.find(c);
+    if (v == std::string_view::npos) return std::nullopt;
+    id.hi = (id.hi << 5) | (id.lo >> 59);
+    id.lo = (id.lo << 5) | v;
+  }
+  return id;
+}
+std::string FormatUlid(Id id) {
+  std::string out(26, '0');
+  for (size_t i = 26; i-- > 0;) {
+    out[i] = kCrockford[id.lo & 31];
+    id.lo = (id.lo >> 5) | (id.hi << 59);
+    id.hi >>= 5;
+  }
+  return out;
+}
+
+// Delivery of one relay's rows, as sets: the final table is the truth; rows
+// the writers saw committed (or sent a COMMIT for) that the table lacks are
+// gone with a failover, and their records excused. The rules are
+// CheckDelivery's (tests/support/delivery.h): lost, phantom, duplicates,
+// order of first copies per aggregate, aggregates split over partitions;
+// the rows and records are held as ids and counters, for the hour's run.
 struct CampaignDelivery {
   DeliveryReport report;  // over the final table's rows
   size_t table_rows = 0;
@@ -704,90 +749,175 @@ struct CampaignDelivery {
   // primary used after the last WAL it sent, so a (transaction_id,
   // offset_consumed) key of the old history can name another row on the new.
   size_t lost_reused_xid = 0;
-  std::vector<std::string> lost_samples;      // the first few, with their xids
-  std::vector<std::string> duplicated_uuids;  // rows of the table in Kafka more than once
-  std::vector<std::string>
-      out_of_order_uuids;  // first copies after a higher seq of their aggregate
+  std::vector<std::string> lost_samples;        // the first few, with their xids
+  std::vector<std::string> duplicated_uuids;    // rows of the table in Kafka more than once
+  std::vector<std::string> out_of_order_uuids;  // first copies after a higher seq
 };
 
-CampaignDelivery CheckCampaign(const std::vector<WrittenRow>& table, const Ledger& ledger,
-                               const std::vector<KafkaRecord>& records,
-                               const std::string& dlq_topic) {
-  CampaignDelivery out;
-  out.table_rows = table.size();
-  std::unordered_set<std::string> in_table;
-  in_table.reserve(table.size());
-  for (const WrittenRow& w : table) in_table.insert(w.uuid);
-  std::unordered_set<std::string> excused;
-  std::unordered_set<std::string> gone_xids;
-  std::vector<WrittenRow> committed = ledger.committed();
-  out.ledger_committed = committed.size();
-  for (const WrittenRow& w : committed) {
-    if (!in_table.contains(w.uuid)) {
-      ++out.gone;
-      excused.insert(w.uuid);
-      gone_xids.insert(w.xid);
-    }
-  }
-  for (const WrittenRow& w : ledger.in_doubt()) {
-    if (!in_table.contains(w.uuid)) {
-      ++out.in_doubt_gone;
-      excused.insert(w.uuid);
-      gone_xids.insert(w.xid);
-    }
-  }
-  std::vector<KafkaRecord> kept;
-  kept.reserve(records.size());
-  std::unordered_map<std::string, size_t> excused_copies;
-  for (const KafkaRecord& r : records) {
-    if (r.topic == dlq_topic) {
-      ++out.dlq;
-      continue;
-    }
-    const KafkaHeader* h = r.FindHeader("_watermill_message_uuid");
-    if (h != nullptr && h->value && excused.contains(*h->value)) {
-      ++excused_copies[*h->value];
-      continue;
-    }
-    kept.push_back(r);
-  }
-  out.gone_published = excused_copies.size();
-  size_t extra = 0;
-  for (const auto& [uuid, n] : excused_copies) extra += n - 1;
-  out.report = CheckDelivery(table, ledger.rolled_back(), kept);
-  out.duplicates = out.report.duplicates + extra;
-  // Which rows, for when they were written (WhenWritten): as CheckDelivery
-  // counts them.
-  std::unordered_map<std::string, const WrittenRow*> by_uuid;
-  for (const WrittenRow& w : table) by_uuid.emplace(w.uuid, &w);
-  std::unordered_map<std::string, size_t> copies;
-  std::unordered_map<std::string, int64_t> last_seq;
-  for (const KafkaRecord& r : kept) {
-    const KafkaHeader* h = r.FindHeader("_watermill_message_uuid");
-    if (h == nullptr || !h->value || copies[*h->value]++ > 0) continue;
-    auto it = by_uuid.find(*h->value);
-    if (it == by_uuid.end() || it->second->aggregate.empty()) continue;
-    int64_t& last = last_seq[it->second->aggregate];
-    if (it->second->seq <= last) out.out_of_order_uuids.push_back(*h->value);
-    last = std::max(last, it->second->seq);
-  }
-  for (const WrittenRow& w : table) {
-    auto it = copies.find(w.uuid);
-    if (it == copies.end()) {
-      out.lost_uuids.push_back(w.uuid);
-      bool reused = gone_xids.contains(w.xid);
-      if (reused) ++out.lost_reused_xid;
-      if (out.lost_samples.size() < 10) {
-        out.lost_samples.push_back(
-            fmt::format("lost {} (aggregate {} seq {}, xid {}{})", w.uuid, w.aggregate, w.seq,
-                        w.xid, reused ? ", the xid of a row gone with the failover too" : ""));
+class DeliverySets {
+ public:
+  // The truth: every row of the final table (through a cursor: millions).
+  void LoadTable(Pg& db, const std::string& table) {
+    db.Exec("BEGIN ISOLATION LEVEL REPEATABLE READ");
+    db.Exec(fmt::format(
+        "DECLARE campaign_rows NO SCROLL CURSOR FOR SELECT uuid, metadata->>'Aggregate-Id', "
+        "(payload->>'seq')::bigint, transaction_id::text FROM {}",
+        QuoteIdent(table)));
+    while (true) {
+      std::vector<Row> page = db.Query("FETCH 50000 FROM campaign_rows");
+      for (const Row& r : page) {
+        std::optional<Id> id = ParseUlid(r[0].value_or(""));
+        if (!id)
+          throw std::runtime_error("a row of " + table + " has no ULID: " + r[0].value_or(""));
+        index_.emplace(*id, static_cast<uint32_t>(rows_.size()));
+        rows_.push_back({Aggregate(r[1].value_or("")), r[2] ? std::stoll(*r[2]) : 0,
+                         std::stoull(r[3].value_or("0"))});
       }
-    } else if (it->second > 1) {
-      out.duplicated_uuids.push_back(w.uuid);
+      if (page.empty()) break;
+    }
+    db.Exec("COMMIT");
+    out_.table_rows = rows_.size();
+    out_.report.committed = rows_.size();
+  }
+
+  // What the writers did: the committed rows the table lacks are excused,
+  // rolled-back rows are the known phantoms.
+  void Ledger(const outbox_test::Ledger& ledger) {
+    auto gone = [&](const WrittenRow& w, size_t* counter) {
+      std::optional<Id> id = ParseUlid(w.uuid);
+      if (!id || index_.contains(*id)) return;
+      ++*counter;
+      excused_.emplace(*id, 0);
+      gone_xids_.insert(std::stoull(w.xid.empty() ? "0" : w.xid));
+    };
+    ledger.VisitCommitted([&](const WrittenRow& w) {
+      ++out_.ledger_committed;
+      gone(w, &out_.gone);
+    });
+    for (const WrittenRow& w : ledger.in_doubt()) gone(w, &out_.in_doubt_gone);
+    for (const WrittenRow& w : ledger.rolled_back()) {
+      if (auto id = ParseUlid(w.uuid)) rolled_back_.insert(*id);
     }
   }
-  return out;
-}
+
+  // One record read back; a partition's records in offset order.
+  void Add(const KafkaRecord& r, const std::string& dlq_topic) {
+    if (r.topic == dlq_topic) {
+      ++out_.dlq;
+      return;
+    }
+    ++out_.report.consumed;
+    const KafkaHeader* h = r.FindHeader("_watermill_message_uuid");
+    std::string uuid = h != nullptr && h->value ? *h->value : "";
+    std::optional<Id> id = ParseUlid(uuid);
+    auto it = id ? index_.find(*id) : index_.end();
+    if (it == index_.end()) {
+      if (id) {
+        if (auto ex = excused_.find(*id); ex != excused_.end()) {
+          ++ex->second;
+          return;
+        }
+      }
+      ++out_.report.phantom;
+      bool from_rollback = id && rolled_back_.contains(*id);
+      if (from_rollback) ++out_.report.phantom_rolled_back;
+      Sample(fmt::format("phantom {} at {}/{}@{} ({})", Printable(uuid), r.topic, r.partition,
+                         r.offset, from_rollback ? "a rolled-back row" : "unknown uuid"));
+      return;
+    }
+    RowState& row = rows_[it->second];
+    if (row.copies++ > 0) {
+      ++out_.report.duplicates;
+      return;  // order is judged on first copies
+    }
+    if (aggregate_names_[row.aggregate].empty()) return;
+    AggregateState& agg = aggregates_[row.aggregate];
+    int where = Where(r.topic, r.partition);
+    if (agg.where < 0) agg.where = where;
+    if (agg.where != where && !agg.split) {
+      agg.split = true;
+      ++out_.report.split_aggregates;
+      Sample(fmt::format("aggregate {} in two partitions ({}/{})", aggregate_names_[row.aggregate],
+                         r.topic, r.partition));
+    }
+    if (row.seq <= agg.last_seq) {
+      ++out_.report.order_violations;
+      if (out_.out_of_order_uuids.size() < kListed) out_.out_of_order_uuids.push_back(uuid);
+      Sample(fmt::format("order: aggregate {} seq {} after seq {} (at {}/{}@{})",
+                         aggregate_names_[row.aggregate], row.seq, agg.last_seq, r.topic,
+                         r.partition, r.offset));
+    }
+    agg.last_seq = std::max(agg.last_seq, row.seq);
+  }
+
+  CampaignDelivery Finish() {
+    size_t extra = 0;
+    for (const auto& [id, n] : excused_) {
+      if (n > 0) ++out_.gone_published;
+      if (n > 1) extra += n - 1;
+    }
+    for (const auto& [id, i] : index_) {
+      const RowState& row = rows_[i];
+      if (row.copies > 1 && out_.duplicated_uuids.size() < kListed) {
+        out_.duplicated_uuids.push_back(FormatUlid(id));
+      }
+      if (row.copies > 0) continue;
+      ++out_.report.lost;
+      bool reused = gone_xids_.contains(row.xid);
+      if (reused) ++out_.lost_reused_xid;
+      if (out_.lost_uuids.size() < kListed) out_.lost_uuids.push_back(FormatUlid(id));
+      std::string what = fmt::format("lost {} (aggregate {} seq {}, xid {}{})", FormatUlid(id),
+                                     aggregate_names_[row.aggregate], row.seq, row.xid,
+                                     reused ? ", the xid of a row gone with the failover too" : "");
+      if (out_.lost_samples.size() < 10) out_.lost_samples.push_back(what);
+      Sample(what);
+    }
+    out_.duplicates = out_.report.duplicates + extra;
+    return std::move(out_);
+  }
+
+ private:
+  static constexpr size_t kListed = 200000;  // uuids listed for WhenWritten
+  struct RowState {
+    uint32_t aggregate = 0;
+    int64_t seq = 0;
+    uint64_t xid = 0;
+    uint32_t copies = 0;
+  };
+  struct AggregateState {
+    int64_t last_seq = 0;
+    int where = -1;
+    bool split = false;
+  };
+
+  uint32_t Aggregate(const std::string& name) {
+    auto [it, fresh] = aggregate_ids_.try_emplace(name, aggregate_names_.size());
+    if (fresh) {
+      aggregate_names_.push_back(name);
+      aggregates_.emplace_back();
+    }
+    return it->second;
+  }
+  int Where(const std::string& topic, int32_t partition) {
+    auto [it, fresh] =
+        where_ids_.try_emplace(fmt::format("{}/{}", topic, partition), where_ids_.size());
+    return it->second;
+  }
+  void Sample(std::string s) {
+    if (out_.report.samples.size() < 10) out_.report.samples.push_back(std::move(s));
+  }
+
+  CampaignDelivery out_;
+  std::unordered_map<Id, uint32_t, IdHash> index_;  // table row -> rows_
+  std::vector<RowState> rows_;
+  std::unordered_map<std::string, uint32_t> aggregate_ids_;
+  std::vector<std::string> aggregate_names_;
+  std::vector<AggregateState> aggregates_;
+  std::unordered_map<std::string, int> where_ids_;
+  std::unordered_map<Id, uint32_t, IdHash> excused_;  // gone row -> copies in Kafka
+  std::unordered_set<Id, IdHash> rolled_back_;
+  std::unordered_set<uint64_t> gone_xids_;
+};
 
 std::string Seconds(const std::vector<double>& v) {
   std::string out;
@@ -982,23 +1112,27 @@ void FaultCampaign::Run(bool exactly_once) {
 
   // ---- the check ----
   auto read_start = Clock::now();
-  KafkaReader reader(cluster_->brokers());
   // Reading runs at 10,000-15,000 records a second here: the hour's millions
   // take minutes.
   const seconds read_bound(120 +
                            (ledger.committed_count() + foreign_ledger.committed_count()) / 2000);
-  ReadOptions read{.stable_for = milliseconds(3000),
-                   .timeout = read_bound,
-                   .read_committed = exactly_once,
-                   .ids_only = true};
-  std::vector<KafkaRecord> records = reader.Read({}, topic_prefix_ + ".", read);
-  std::vector<KafkaRecord> foreign_records = reader.Read({}, foreign_prefix + ".", read);
+  auto check = [&](Pg& db, const std::string& table, const Ledger& l, const std::string& prefix) {
+    DeliverySets sets;
+    sets.LoadTable(db, table);
+    sets.Ledger(l);
+    const std::string dlq = prefix + ".dlq";
+    KafkaReader reader(cluster_->brokers());
+    reader.Read({}, prefix + ".",
+                {.stable_for = milliseconds(3000),
+                 .timeout = read_bound,
+                 .read_committed = exactly_once,
+                 .ids_only = true,
+                 .each = [&](KafkaRecord&& r) { sets.Add(r, dlq); }});
+    return sets.Finish();
+  };
+  CampaignDelivery d = check(*db_, name_, ledger, topic_prefix_);
+  CampaignDelivery fd = check(services, foreign_name_, foreign_ledger, foreign_prefix);
   const double read_s = SecondsSince(read_start);
-  std::vector<WrittenRow> table = RowsFromTable(*db_, name_);
-  std::vector<WrittenRow> foreign_table = RowsFromTable(services, foreign_name_);
-  CampaignDelivery d = CheckCampaign(table, ledger, records, topic_prefix_ + ".dlq");
-  CampaignDelivery fd =
-      CheckCampaign(foreign_table, foreign_ledger, foreign_records, foreign_prefix + ".dlq");
 
   std::string faults;
   int total = 0;
@@ -1047,8 +1181,8 @@ void FaultCampaign::Run(bool exactly_once) {
       "dead letters\n",
       fd.table_rows, fd.report.lost, fd.report.phantom, fd.report.order_violations, fd.duplicates,
       d.dlq + fd.dlq);
-  fmt::print("read back {} + {} records in {:.1f} s; total {:.1f} s\n", records.size(),
-             foreign_records.size(), read_s, SecondsSince(test_start));
+  fmt::print("checked {} + {} records against the tables in {:.1f} s; total {:.1f} s\n",
+             d.report.consumed, fd.report.consumed, read_s, SecondsSince(test_start));
   std::fflush(stdout);
   {
     const std::string path = LogDir() + "/campaign_figures.tsv";

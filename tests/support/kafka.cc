@@ -126,6 +126,7 @@ std::vector<KafkaRecord> KafkaReader::Read(const std::vector<std::string>& topic
   std::map<Tp, int64_t> high;  // last seen high watermarks
   std::set<Tp> at_end;         // read_committed: partitions the consumer reported at their end
   std::vector<KafkaRecord> records;
+  size_t taken = 0;  // records read (options.each keeps none)
 
   auto start = Clock::now();
   auto deadline = start + options.timeout;
@@ -198,7 +199,12 @@ std::vector<KafkaRecord> KafkaReader::Read(const std::vector<std::string>& topic
     }
     Tp tp{r.topic, r.partition};
     next[tp] = std::max(next[tp], r.offset + 1);
-    records.push_back(std::move(r));
+    ++taken;
+    if (options.each) {
+      options.each(std::move(r));
+    } else {
+      records.push_back(std::move(r));
+    }
   };
 
   // Whether every partition was read up to its high watermark. The cached
@@ -239,7 +245,7 @@ std::vector<KafkaRecord> KafkaReader::Read(const std::vector<std::string>& topic
     return true;
   };
 
-  while (records.size() < options.max_records && Clock::now() < deadline) {
+  while (taken < options.max_records && Clock::now() < deadline) {
     auto now = Clock::now();
     if (now - last_refresh >= std::chrono::seconds(1)) {
       last_refresh = now;
@@ -247,7 +253,7 @@ std::vector<KafkaRecord> KafkaReader::Read(const std::vector<std::string>& topic
     }
     // Read for a while, then look at the watermarks.
     auto window_end = Clock::now() + std::chrono::milliseconds(250);
-    while (records.size() < options.max_records && Clock::now() < window_end) {
+    while (taken < options.max_records && Clock::now() < window_end) {
       rd_kafka_message_t* m = rd_kafka_consumer_poll(rk.get(), 50);
       if (m != nullptr) take(m);
     }

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <string>
@@ -49,6 +50,10 @@ struct ReadOptions {
   // (no key, value or other headers): what the set checks need, for reads of
   // millions of records (the fault campaign's long run).
   bool ids_only = false;
+  // When set, each record is handed to it as it is read, and none is kept
+  // (Read returns nothing): the records of a partition in offset order, the
+  // partitions interleaved. For reads too large to hold.
+  std::function<void(KafkaRecord&&)> each;
 };
 
 class KafkaReader {

@@ -196,6 +196,11 @@ std::vector<WrittenRow> Ledger::committed() const {
   return committed_;
 }
 
+void Ledger::VisitCommitted(const std::function<void(const WrittenRow&)>& f) const {
+  std::lock_guard lock(mu_);
+  for (const WrittenRow& r : committed_) f(r);
+}
+
 std::vector<WrittenRow> Ledger::rolled_back() const {
   std::lock_guard lock(mu_);
   return rolled_back_;

@@ -65,6 +65,9 @@ class Ledger {
   void CountOtherTableRows(size_t n) { other_table_rows_.fetch_add(n); }
 
   std::vector<WrittenRow> committed() const;
+  // Visits the committed rows without copying them (ledgers of millions of
+  // rows); `f` must not call back into the ledger.
+  void VisitCommitted(const std::function<void(const WrittenRow&)>& f) const;
   std::vector<WrittenRow> rolled_back() const;
   std::vector<WrittenRow> in_doubt() const;
   std::vector<CommittedTransaction> transactions() const;
