@@ -60,6 +60,9 @@
 // 900 s; it runs both modes, --gtest_filter=FaultCampaign.ExactlyOnce one):
 //   eval "$(scripts/services env)"
 //   OUTBOX_CAMPAIGN_MINUTES=60 build/tests/integration/campaign_tests
+// (one mode measured on 2 cores: 415 faults, 3.6 M rows, 64 min; the test
+// program peaks at 2.4 GB; the servers' directories under /tmp grow to about
+// 25 GB). The short run takes 2.5-3 minutes a mode.
 // Each relay instance logs to
 // <build>/tests/integration/logs/FaultCampaign.<mode>.<a|b|foreign>.log.
 #include <fmt/chrono.h>
