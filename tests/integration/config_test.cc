@@ -2,6 +2,8 @@
 // names the setting (flag or environment variable), so an operator can fix it.
 #include <fmt/format.h>
 
+#include <cstdio>
+
 #include "fixture.h"
 
 namespace outbox_test {
@@ -100,9 +102,19 @@ TEST_F(Config, HelpAndVersionExitZero) {
     EXPECT_EQ(code, std::optional<int>(0)) << relay.LogTail(10);
     if (args[0] == "version") {
       EXPECT_NE(log.find("outbox-relay "), std::string::npos) << log;
+      // The libraries it runs with: the librdkafka scripts/librdkafka builds (2.12 or
+      // newer: SCRAM against Kafka 4), libpq.
+      const size_t at = log.find("\nlibrdkafka: ");
+      ASSERT_NE(at, std::string::npos) << log;
+      int major = 0, minor = 0;
+      ASSERT_EQ(std::sscanf(log.c_str() + at, "\nlibrdkafka: %d.%d", &major, &minor), 2) << log;
+      EXPECT_GE(major * 100 + minor, 212) << log;
+      EXPECT_NE(log.find("\nlibpq: "), std::string::npos) << log;
       // The tests' build has the test-only faults and says so (the image's does not:
       // Image.ShipsWithoutTheTestFaults).
-      EXPECT_NE(log.find("a test build: failpoints compiled in"), std::string::npos) << log;
+      EXPECT_NE(log.find("\nfailpoints: compiled in (OUTBOX_TEST_FAULT): a test build"),
+                std::string::npos)
+          << log;
     } else {
       EXPECT_NE(log.find("Usage"), std::string::npos) << log;
     }
