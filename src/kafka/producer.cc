@@ -509,11 +509,18 @@ Status KafkaProducer::CheckConnection(std::chrono::milliseconds timeout) {
       rd_kafka_metadata(handle(), 0, nullptr, &md, static_cast<int>(timeout.count()));
   if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
     if (std::string refused = CredentialsError(); !refused.empty()) {
+      // SASL/OAUTHBEARER with OIDC: librdkafka got no token from the token
+      // endpoint, so it never reached the brokers; its own settings are the ones to check.
+      const bool no_token = refused.find("OAUTHBEARER token") != std::string::npos;
       return Fail(ErrorCode::kInvalidArgument,
-                  "invalid setting --kafka-property (OUTBOX_KAFKA_PROPERTIES): the brokers "
-                  "refused the connection: {} (check security.protocol, sasl.mechanisms, "
-                  "sasl.username, sasl.password, ssl.ca.location)",
-                  refused);
+                  "invalid setting --kafka-property (OUTBOX_KAFKA_PROPERTIES): {}: {} (check {})",
+                  no_token ? "no token from the OAuth/OIDC token endpoint"
+                           : "the brokers refused the connection",
+                  refused,
+                  no_token ? "sasl.oauthbearer.method, sasl.oauthbearer.client.id, "
+                             "sasl.oauthbearer.client.secret, sasl.oauthbearer.token.endpoint.url"
+                           : "security.protocol, sasl.mechanisms, sasl.username, sasl.password, "
+                             "ssl.ca.location");
     }
     return Fail(ErrorCode::kTransient, "Kafka metadata request: {}", rd_kafka_err2str(err));
   }
