@@ -28,12 +28,14 @@ std::string FatalErrorText(rd_kafka_resp_err_t fatal, const char* reason) {
 // The producer's fatal error as the relay judges it. A transactional
 // producer's is fatal: its transactions end there (fenced: another instance
 // took its place). An idempotent producer's (at-least-once) is about its
-// own bookkeeping of sequence numbers, which librdkafka before 2.3.0 can
-// lose after a broker failover that lost nothing (confluentinc/librdkafka
-// #4438: "rewound sequence number", "sequence desynchronization"): the
-// producer is replaced and what it held is sent again from the slot
-// (kAborted), as when Kafka does not acknowledge in time. Being refused the
-// right to write at all is a setting a new producer would meet again.
+// own bookkeeping of sequence numbers (a broker answering out of order: a
+// partition that lost acknowledged records, e.g. after an unclean leader
+// election; before librdkafka 2.3.0 also a failover that lost nothing,
+// confluentinc/librdkafka#4438, which the librdkafka the relay links no
+// longer does): the producer is replaced and what it held is sent again from
+// the slot (kAborted), as when Kafka does not acknowledge in time. Being
+// refused the right to write at all is a setting a new producer would meet
+// again.
 Error FatalError(rd_kafka_resp_err_t fatal, const char* reason, bool transactional) {
   const bool refused = fatal == RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED ||
                        fatal == RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED ||
