@@ -100,7 +100,14 @@ struct RelayConfig {
   bool create_topics = false;
   int64_t topic_partitions = 3;
   int64_t topic_replication_factor = -1;  // -1: the broker's default
+  // All addresses: a pod's probes come from the kubelet on its node and
+  // Prometheus scrapes the pod's IP (docs/configuration.md, "The HTTP port").
   std::string metrics_addr = "0.0.0.0:9464";
+  int64_t metrics_max_connections = 256;
+  int64_t metrics_max_connections_per_client = 8;
+  int64_t metrics_request_timeout_ms = 3000;
+  int64_t metrics_label_cap = 200;      // row-given values of a metric label (topic, event_type)
+  int64_t readyz_stall_timeout_s = 60;  // /readyz: rows not moving, or the marker failing
   int64_t row_count_interval_s = 60;
   LogConfig log;
 
