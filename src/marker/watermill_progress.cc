@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <charconv>
 #include <utility>
 
@@ -28,7 +29,41 @@ uint64_t ParseU64(std::string_view text) {
 WatermillProgress::WatermillProgress(std::vector<WatermillProgressTable> tables,
                                      std::string consumer_group, tracking::AckTracker* tracker)
     : tables_(std::move(tables)), group_(std::move(consumer_group)), tracker_(tracker) {
-  written_bound_.assign(tables_.size(), 0);
+  state_.assign(tables_.size(), TableState{});
+}
+
+std::string WatermillProgress::CreateOffsetsSql(const pg::QualifiedName& offsets) {
+  return fmt::format(
+      "CREATE TABLE IF NOT EXISTS {} (consumer_group VARCHAR(255) NOT NULL, offset_acked BIGINT, "
+      "last_processed_transaction_id xid8 NOT NULL, PRIMARY KEY(consumer_group))",
+      offsets.Quoted());
+}
+
+std::string WatermillProgress::SessionSettings() const {
+  return fmt::format("SET lock_timeout = '{}ms'", kLockTimeout.count());
+}
+
+std::string WatermillProgress::Failing() const {
+  std::lock_guard lock(mu_);
+  const auto now = Clock::now();
+  size_t failing = 0;
+  const TableState* oldest = nullptr;
+  const WatermillProgressTable* table = nullptr;
+  for (size_t i = 0; i < state_.size(); ++i) {
+    const TableState& s = state_[i];
+    if (s.failing_since == Clock::time_point{}) continue;
+    ++failing;
+    if (oldest == nullptr || s.failing_since < oldest->failing_since) {
+      oldest = &s;
+      table = &tables_[i];
+    }
+  }
+  if (oldest == nullptr) return {};
+  return fmt::format(
+      "the Watermill position of {} in {} has failed for {} s{}: {}", table->messages.ToString(),
+      table->offsets.ToString(),
+      std::chrono::duration_cast<std::chrono::seconds>(now - oldest->failing_since).count(),
+      failing > 1 ? fmt::format(" (and {} more tables)", failing - 1) : "", oldest->error);
 }
 
 void WatermillProgress::SetStreaming(bool on) {
@@ -59,7 +94,8 @@ Status WatermillProgress::Advance(pg::Connection& conn) {
   if (tables_changed_.exchange(false)) {
     tables_ = std::move(next_tables_);
     next_tables_.clear();
-    written_bound_.assign(tables_.size(), 0);
+    state_.assign(tables_.size(), TableState{});
+    ++generation_;
   }
   if (!streaming_.load() || tables_.empty()) return Ok();
 
@@ -94,18 +130,72 @@ Status WatermillProgress::Advance(pg::Connection& conn) {
   }
   const uint64_t bound = bound_;
   std::vector<WatermillProgressTable> tables = tables_;
-  std::vector<uint64_t> written = written_bound_;
+  std::vector<TableState> state = state_;
+  const uint64_t generation = generation_;
   lock.unlock();
 
-  for (size_t i = 0; i < tables.size(); ++i) {
-    if (bound <= written[i]) continue;
-    auto moved = AdvanceTo(conn, tables[i], group_, bound);
-    if (!moved) return std::unexpected(moved.error());
-    written[i] = bound;
-    if (*moved) written_.fetch_add(1, std::memory_order_relaxed);
+  Status st = Ok();
+  for (size_t i = 0; i < tables.size() && st; ++i) {
+    if (bound <= state[i].written_bound || now < state[i].retry_at) continue;
+    st = AdvanceTable(conn, tables[i], bound, state[i]);
   }
   lock.lock();
-  if (written_bound_.size() == written.size()) written_bound_ = written;
+  if (generation_ == generation) state_ = std::move(state);
+  return st;
+}
+
+Status WatermillProgress::AdvanceTable(pg::Connection& conn, const WatermillProgressTable& table,
+                                       uint64_t bound, TableState& state) {
+  auto moved = AdvanceTo(conn, table, group_, bound);
+  if (!moved && conn.ok()) {
+    // Which of the two tables is missing, if one is: the offsets table is
+    // watermill-sql's to create, and the relay creates it (at start too).
+    std::optional<std::string> names[] = {table.messages.Quoted(), table.offsets.Quoted()};
+    auto found =
+        conn.ExecParams("SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL", names);
+    if (found && pg::GetValue(found->get(), 0, 0) == std::optional<std::string_view>("t") &&
+        pg::GetValue(found->get(), 0, 1) == std::optional<std::string_view>("f")) {
+      if (auto created = conn.Exec(CreateOffsetsSql(table.offsets)); created) {
+        spdlog::warn(
+            "watermill: the offsets table {} of {} was dropped while the relay ran: created it "
+            "again; consumer group '{}' starts there from the relay's position",
+            table.offsets.ToString(), table.messages.ToString(), group_);
+        moved = AdvanceTo(conn, table, group_, bound);
+      } else {
+        moved = Fail(created.error().code, "the offsets table {} is gone and cannot be created: {}",
+                     table.offsets.ToString(), created.error().message);
+      }
+    } else if (found && pg::GetValue(found->get(), 0, 0) == std::optional<std::string_view>("f")) {
+      moved = Fail(ErrorCode::kFatal,
+                   "table {} does not exist any more (dropped or renamed while the relay ran)",
+                   table.messages.ToString());
+    }
+  }
+  if (!moved) {
+    // The connection's failure is the round's (retried on a new one).
+    if (!conn.ok()) return std::unexpected(moved.error());
+    const auto now = Clock::now();
+    if (state.failing_since == Clock::time_point{}) {
+      state.failing_since = now;
+      spdlog::warn(
+          "watermill: {}; the other tables' positions and the slot go on, this one is retried",
+          moved.error().message);
+    }
+    state.error = moved.error().message;
+    state.backoff = std::clamp(state.backoff * 2, std::chrono::milliseconds(250),
+                               std::chrono::milliseconds(5000));
+    state.retry_at = now + state.backoff;
+    return Ok();
+  }
+  if (state.failing_since != Clock::time_point{}) {
+    spdlog::info(
+        "watermill: the position of {} is written again (after {} s)", table.messages.ToString(),
+        std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - state.failing_since)
+            .count());
+  }
+  state = TableState{};
+  state.written_bound = bound;
+  if (*moved) written_.fetch_add(1, std::memory_order_relaxed);
   return Ok();
 }
 

@@ -33,7 +33,7 @@ StreamSession::StreamSession(SessionOptions options, ReplicationSource* source,
       router_(options_.tables.empty()
                   ? std::vector<OutboxTable>{OutboxTable{options_.table, outbox::TableKind::kSeed}}
                   : options_.tables,
-              options_.columns, options_.processed, options_.selects) {}
+              options_.columns, options_.processed, options_.unrouted) {}
 
 tracking::Transaction* StreamSession::TakeOpenTransaction() {
   return std::exchange(open_tx_, nullptr);

@@ -47,7 +47,7 @@ struct SessionOptions {
   // per table the consumer group's position when the stream started.
   std::vector<OutboxTable> tables;
   std::map<std::string, outbox::TablePosition> processed;
-  TableRouter::Selects selects;  // see TableRouter
+  TableRouter::Unrouted unrouted;  // see TableRouter
   // When set and true: end the session between transactions with kTransient
   // (the supervisor lets new tables join the publication, then reconnects).
   const std::atomic<bool>* end_requested = nullptr;
