@@ -92,7 +92,7 @@ milliseconds ParseTimeSetting(std::string_view text) {
 
 Relay::Relay(RelayConfig config)
     : config_(std::move(config)),
-      metrics_(config_.service),
+      metrics_(config_.service, static_cast<size_t>(config_.metrics_label_cap)),
       // The start position is set by SlotSetup from the slot itself.
       tracker_(std::make_unique<tracking::AckTracker>(kInvalidLsn, config_.mark)) {}
 
@@ -236,6 +236,18 @@ Status Relay::Prepare() {
     mo.rows_worth_two_statements = static_cast<uint64_t>(config_.marker_split_rows);
     mo.on_statement = [this] { metrics_.marker_statements().Increment(); };
     mo.on_marked = [this] { marked_.Ring(); };
+    mo.on_round = [this](const Status& round) {
+      if (round) {
+        marker_failing_since_ns_.store(0);
+        return;
+      }
+      metrics_.CountMarkerRoundFailed();
+      int64_t none = 0;
+      marker_failing_since_ns_.compare_exchange_strong(none,
+                                                       Clock::now().time_since_epoch().count());
+      std::lock_guard lock(readyz_mu_);
+      marker_failure_ = round.error().message;
+    };
     mo.network = config_.pg_network;
     marker_ = std::make_unique<marker::Marker>(mo, tracker_.get(), [this](const Error&) {
       metrics_.CountError(metrics::ErrorReason::kDbAck);
@@ -772,13 +784,12 @@ Status Relay::Stream(std::optional<pipeline::StreamSession>* session,
   so.table = config_.table_name;
   so.columns = config_.columns;
   if (watermill_) {
-    so.tables = watermill_->tables();
+    so.tables = watermill_->routed_tables();
     so.processed = watermill_->positions();
     so.end_requested = watermill_->end_requested();
-    so.selects = [this](std::string_view schema, std::string_view name) {
-      if (!config_.watermill_settings.Selects(schema, name)) return false;
-      watermill_->RequestEnd();
-      return true;
+    so.unrouted = [this](std::string_view schema, std::string_view name,
+                         const pipeline::OutboxTable* previous) {
+      return watermill_->OnUnrouted(schema, name, previous);
     };
     if (watermill_progress_) watermill_progress_->SetStreaming(true);
   }
@@ -822,8 +833,14 @@ void Relay::Drain(milliseconds bound) {
 
 Status Relay::StartHttp() {
   if (config_.metrics_addr.empty()) return Ok();
+  metrics::HttpOptions options;
+  options.address = config_.metrics_addr;
+  options.max_connections = static_cast<size_t>(config_.metrics_max_connections);
+  options.max_connections_per_client =
+      static_cast<size_t>(config_.metrics_max_connections_per_client);
+  options.request_timeout = milliseconds(config_.metrics_request_timeout_ms);
   auto server = metrics::HttpServer::Start(
-      config_.metrics_addr, &metrics_, [this] { return Healthz(); }, [this] { return Readyz(); },
+      options, &metrics_, [this] { return Healthz(); }, [this] { return Readyz(); },
       [this] { RefreshMetrics(); });
   if (!server) return std::unexpected(server.error());
   http_ = std::move(*server);
@@ -841,7 +858,30 @@ metrics::Health Relay::Readyz() const {
   if (stats_.standby.load()) return {false, "standby: another instance holds the slot"};
   if (!stats_.streaming.load()) return {false, "not streaming"};
   if (!stats_.kafka_reachable.load()) return {false, "Kafka not reachable"};
-  return {true, "ok: streaming, Kafka reachable"};
+  // Streaming and connected is not enough: rows must move (DESIGN §2.9).
+  const int64_t now = Clock::now().time_since_epoch().count();
+  const int64_t bound =
+      std::chrono::nanoseconds(std::chrono::seconds(config_.readyz_stall_timeout_s)).count();
+  std::lock_guard lock(readyz_mu_);
+  if (int64_t since = marker_failing_since_ns_.load(); since != 0 && now - since > bound) {
+    return {false, fmt::format("the marker has failed for {} s: {}", (now - since) / 1000000000,
+                               marker_failure_)};
+  }
+  // In flight, and neither acknowledged by Kafka nor confirmed since the
+  // last look: stalled since then (idle counts as moving).
+  const uint64_t delivered = stats_.delivered.load();
+  const Lsn confirmed = tracker_->confirmed();
+  if (tracker_->empty() || delivered != seen_delivered_ || confirmed != seen_confirmed_ ||
+      seen_moving_ns_ == 0) {
+    seen_delivered_ = delivered;
+    seen_confirmed_ = confirmed;
+    seen_moving_ns_ = now;
+  } else if (now - seen_moving_ns_ > bound) {
+    return {false, fmt::format("nothing moved for {} s: {} rows in flight, confirmed {}",
+                               (now - seen_moving_ns_) / 1000000000, tracker_->rows_in_flight(),
+                               confirmed)};
+  }
+  return {true, "ok: streaming, Kafka reachable, rows moving"};
 }
 
 void Relay::RefreshMetrics() {

@@ -7,7 +7,7 @@
 //     ├─ tracking::AckTracker     what may be confirmed (the confirmation rule)
 //     ├─ marker::Marker           offset_acked + commit index (own thread, own connection)
 //     ├─ Sampler                  row counts, lag, slot WAL (own thread, own connection)
-//     └─ metrics::HttpServer      /metrics /healthz /readyz (civetweb's threads)
+//     └─ metrics::HttpServer      /metrics /healthz /readyz (its event loop and renderer)
 //
 // Threads and what each may touch:
 // - the loop thread (the one in Run) owns everything here and calls the
@@ -146,6 +146,15 @@ class Relay {
 
   std::mutex refresh_mu_;         // RefreshMetrics (HTTP threads)
   pipeline::RelayStats counted_;  // what RefreshMetrics already added to the counters
+
+  // /readyz. The marker thread notes since when its rounds fail (steady
+  // clock, 0: they do not) and why; Readyz notes the progress it last saw.
+  std::atomic<int64_t> marker_failing_since_ns_{0};
+  mutable std::mutex readyz_mu_;
+  std::string marker_failure_;           // guarded by readyz_mu_
+  mutable uint64_t seen_delivered_ = 0;  // guarded by readyz_mu_
+  mutable Lsn seen_confirmed_;           // guarded by readyz_mu_
+  mutable int64_t seen_moving_ns_ = 0;   // guarded by readyz_mu_: last progress, or idle
 
   // Last, so it is destroyed first: its threads call into the members above.
   std::unique_ptr<metrics::HttpServer> http_;
