@@ -45,25 +45,18 @@ std::string WatermillProgress::SessionSettings() const {
 
 std::string WatermillProgress::Failing() const {
   std::lock_guard lock(mu_);
-  const auto now = Clock::now();
   size_t failing = 0;
   const TableState* oldest = nullptr;
-  const WatermillProgressTable* table = nullptr;
-  for (size_t i = 0; i < state_.size(); ++i) {
-    const TableState& s = state_[i];
+  for (const TableState& s : state_) {
     if (s.failing_since == Clock::time_point{}) continue;
     ++failing;
-    if (oldest == nullptr || s.failing_since < oldest->failing_since) {
-      oldest = &s;
-      table = &tables_[i];
-    }
+    if (oldest == nullptr || s.failing_since < oldest->failing_since) oldest = &s;
   }
   if (oldest == nullptr) return {};
+  // The error says which table and offsets table; the marker's caller says since when.
   return fmt::format(
-      "the Watermill position of {} in {} has failed for {} s{}: {}", table->messages.ToString(),
-      table->offsets.ToString(),
-      std::chrono::duration_cast<std::chrono::seconds>(now - oldest->failing_since).count(),
-      failing > 1 ? fmt::format(" (and {} more tables)", failing - 1) : "", oldest->error);
+      "{}{}", oldest->error,
+      failing > 1 ? fmt::format(" (and the positions of {} more tables)", failing - 1) : "");
 }
 
 void WatermillProgress::SetStreaming(bool on) {
@@ -225,8 +218,20 @@ Result<std::optional<WatermillPosition>> WatermillProgress::AdvanceTo(
   }
   auto res = conn.ExecParams(sql, params);
   if (!res) {
-    return Fail(res.error().code, "writing the Watermill position of {} to {}: {}",
-                table.messages.ToString(), table.offsets.ToString(), res.error().message);
+    // The server's words, not the statement (the error text starts with it).
+    // The server's first line and the SQLSTATE, not the statement (the
+    // error text starts with it) nor the LINE/caret context.
+    std::string_view text = res.error().message;
+    std::string_view why = text;
+    if (size_t at = why.find("ERROR:"); at != std::string_view::npos) why.remove_prefix(at);
+    why = why.substr(0, why.find('\n'));
+    std::string_view state;
+    if (size_t at = text.rfind(" (SQLSTATE ");
+        at != std::string_view::npos && why.find("(SQLSTATE") == std::string_view::npos) {
+      state = text.substr(at);
+    }
+    return Fail(res.error().code, "writing the Watermill position of {} to {}: {}{}",
+                table.messages.ToString(), table.offsets.ToString(), why, state);
   }
   if (PQntuples(res->get()) == 0) return std::optional<WatermillPosition>();
   WatermillPosition p;

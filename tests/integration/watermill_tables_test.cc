@@ -167,7 +167,6 @@ class WatermillTables : public RelayTest {
   // Every UUID of `t`'s topic in Kafka: lost = written - these.
   size_t Lost(const std::string& t, const std::set<std::string>& written) {
     ReadOptions o;
-    o.max_records = written.size();
     o.timeout = milliseconds(30000);
     std::set<std::string> in_kafka;
     for (const KafkaRecord& r : kafka_->Read({Topic(t)}, "", o)) {
@@ -264,9 +263,8 @@ TEST_F(WatermillTables, RenamedTableOfThePatternIsUnfollowedAndTheOthersMoveOn) 
 TEST_F(WatermillTables, TruncatedTableAndADroppedOffsetsTableHoldNobodyBack) {
   const int port = FreeLocalPort(17550);
   std::vector<std::string> args = Args();
-  args.insert(args.end(), {"--metrics-addr", fmt::format("127.0.0.1:{}", port),
-                           "--readyz-stall-timeout-s", "3"});
-  RelayProcess& relay = StartRelay(args);
+  args.insert(args.end(), {"--metrics-addr", fmt::format("127.0.0.1:{}", port)});
+  RelayProcess& relay = StartRelay(args, {{"OUTBOX_READYZ_STALL_TIMEOUT_S", "3"}});
   ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
   for (const char* t : {"a", "b", "c"}) StartWriter(t);
   std::this_thread::sleep_for(seconds(2));
@@ -274,6 +272,15 @@ TEST_F(WatermillTables, TruncatedTableAndADroppedOffsetsTableHoldNobodyBack) {
   const std::set<std::string> written_a = Written("a");
   ASSERT_TRUE(WaitPositionAtLastRow("a", seconds(30))) << relay.LogTail();
   // A migration truncates a and holds its ACCESS EXCLUSIVE lock for 10 s.
+  // (Its open transaction also holds every table's position back, by
+  // watermill-sql's own rule: nothing with a larger xid is processed while
+  // it may commit. The slot must not be held: the rows go on.)
+  auto confirmed = [&] {
+    return db_->Int(
+        fmt::format("SELECT (confirmed_flush_lsn - '0/0')::bigint FROM "
+                    "pg_replication_slots WHERE slot_name = '{}'",
+                    name_));
+  };
   Pg migration(env_.database_url);
   migration.Exec("BEGIN");
   migration.Exec(fmt::format("TRUNCATE {}", Table("a")));
@@ -281,20 +288,22 @@ TEST_F(WatermillTables, TruncatedTableAndADroppedOffsetsTableHoldNobodyBack) {
   // Meanwhile the offsets table of c goes.
   db_->Exec(fmt::format("DROP TABLE {}", Offsets("c")));
   std::this_thread::sleep_for(seconds(1));
-  const std::string b_before = Position("b");
+  const int64_t confirmed_before = confirmed();
   // /readyz names the table once its position has failed for 3 s.
   const std::string unready = WaitReady(port, 503, seconds(8));
   fmt::print("/readyz during the lock: {}", unready);
   EXPECT_NE(unready.find(TableName("a")), std::string::npos) << unready;
   std::this_thread::sleep_for(seconds(10) - (Clock::now() - locked_at));
-  // b moved meanwhile, c's offsets table is back with its position.
-  const std::string b_during = Position("b");
-  EXPECT_NE(b_during, b_before) << "b's position did not move while a was locked";
-  EXPECT_FALSE(Position("c").empty()) << relay.LogTail();
+  // The slot moved meanwhile: b's and c's rows were marked and confirmed.
+  const int64_t confirmed_during = confirmed();
+  fmt::print("confirmed during the lock: {} -> {} ({} bytes)\n", confirmed_before, confirmed_during,
+             confirmed_during - confirmed_before);
+  EXPECT_GT(confirmed_during, confirmed_before) << "the slot did not move while a was locked";
   migration.Exec("COMMIT");
   EXPECT_EQ(WaitReady(port, 200, seconds(15)).substr(0, 2), "ok");
   StopWriters();
   EXPECT_TRUE(WaitPositionAtLastRow("b", seconds(30))) << relay.LogTail();
+  // c's offsets table is back, with the group's position at its last row.
   EXPECT_TRUE(WaitPositionAtLastRow("c", seconds(30))) << relay.LogTail();
   EXPECT_EQ(Lost("a", written_a), 0u);
   EXPECT_EQ(Lost("b", Written("b")), 0u);
