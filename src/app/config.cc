@@ -246,6 +246,13 @@ void AddRunFlags(CLI::App& app, RelayConfig& c) {
                  "Prometheus without bound")
       ->envname("OUTBOX_METRICS_LABEL_CAP")
       ->capture_default_str();
+  app.add_option("--max-topics", c.max_topics,
+                 "Distinct Kafka topics rows may go to (the topic comes from the row, through "
+                 "--topic-template): a row whose topic would be one more is poison (--on-poison), "
+                 "so no row can make the relay hold, and with --create-topics create, a topic per "
+                 "row")
+      ->envname("OUTBOX_MAX_TOPICS")
+      ->capture_default_str();
   app.add_option("--readyz-stall-timeout-s", c.readyz_stall_timeout_s,
                  "/readyz answers 503 once rows in flight have moved neither to Kafka nor past "
                  "the slot for this long, or the marker (its statement, or a Watermill table's "
@@ -681,6 +688,9 @@ Status Validate(RelayConfig& c) {
   }
   if (c.metrics_label_cap < 1 || c.metrics_label_cap > 100000) {
     return BadSetting("--metrics-label-cap", "OUTBOX_METRICS_LABEL_CAP", "must be 1..100000");
+  }
+  if (c.max_topics < 1 || c.max_topics > 1000000) {
+    return BadSetting("--max-topics", "OUTBOX_MAX_TOPICS", "must be 1..1000000");
   }
   if (c.readyz_stall_timeout_s < 1 || c.readyz_stall_timeout_s > 86400) {
     return BadSetting("--readyz-stall-timeout-s", "OUTBOX_READYZ_STALL_TIMEOUT_S",

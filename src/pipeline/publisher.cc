@@ -14,6 +14,21 @@ using std::chrono::milliseconds;
 
 }  // namespace
 
+bool LogBudget::Allow(uint64_t* suppressed) {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - window_start_ >= window_) {
+    window_start_ = now;
+    used_ = 0;
+  }
+  if (used_ >= burst_) {
+    ++suppressed_;
+    return false;
+  }
+  ++used_;
+  *suppressed = std::exchange(suppressed_, 0);
+  return true;
+}
+
 Result<std::unique_ptr<Publisher>> Publisher::Create(PublisherOptions options,
                                                      tracking::AckTracker* tracker,
                                                      RelayStats* stats, metrics::Metrics* metrics,
@@ -111,10 +126,26 @@ Status Publisher::MapAndProduce(const outbox::ColumnMap& columns, const pgoutput
     }
     if (auto st = JoinTransaction(tx); !st) return st;
     std::lock_guard lock(refused_uuids_mu_);
-    if (!id.uuid.empty() && refused_uuids_.contains(id.uuid)) {
+    // Forgotten once it is dead-lettered: the set holds what one aborted
+    // transaction refused, not every refusal ever.
+    if (auto it = id.uuid.empty() ? refused_uuids_.end() : refused_uuids_.find(id.uuid);
+        it != refused_uuids_.end()) {
+      refused_uuids_.erase(it);
       refused_before = Error{ErrorCode::kPoison,
                              "the broker refused this record for good in an earlier (aborted) "
                              "Kafka transaction"};
+    }
+  }
+  if (!mapped->poison && !refused_before && !topics_.contains(mapped->record->topic)) {
+    if (topics_.size() >= options_.max_topics) {
+      refused_before = Error{
+          ErrorCode::kPoison,
+          fmt::format("its topic '{}' would be one more than the {} topics this relay publishes "
+                      "to (--max-topics, OUTBOX_MAX_TOPICS): a topic from instance data (a "
+                      "request id in Event-Type?); raise the cap if the topics are real",
+                      mapped->record->topic, options_.max_topics)};
+    } else {
+      topics_.emplace(mapped->record->topic);
     }
   }
   Status st = mapped->poison ? DeadLetter(*mapped->poison, mapped->identity, columns, row, tx, keep)
@@ -168,8 +199,14 @@ Status Publisher::DeadLetter(const Error& reason, const outbox::RowIdentity& ide
   const outbox::KafkaRecord& record =
       dead_letters_.Build(reason, identity, columns.table.empty() ? options_.table : columns.table,
                           tx->final_lsn, text(columns.payload), text(columns.metadata));
-  spdlog::warn("dead-lettering row transaction_id={} offset={} to {}: {}", identity.transaction_id,
-               identity.offset, options_.dlq_topic, reason.message);
+  if (uint64_t left_out = 0; dead_letter_log_.Allow(&left_out)) {
+    spdlog::warn("dead-lettering row transaction_id={} offset={} to {}: {}{}",
+                 identity.transaction_id, identity.offset, options_.dlq_topic, reason.message,
+                 left_out == 0 ? std::string()
+                               : fmt::format(" ({} more dead-lettered rows not logged before this "
+                                             "one: outbox_relay_dead_lettered_total)",
+                                             left_out));
+  }
   stats_->dead_lettered.fetch_add(1, std::memory_order_relaxed);
   auto st = Produce(record, tx, keep);
   if (!st && st.error().code != ErrorCode::kCancelled) {
@@ -329,8 +366,14 @@ Status Publisher::DeadLetterRefused(KeepAlive* keep) {
     const outbox::KafkaRecord& record = dead_letters_.Build(
         reason, identity, options_.table, r.tx->final_lsn,
         r.value ? std::optional<std::string_view>(*r.value) : std::nullopt, std::nullopt);
-    spdlog::warn("dead-lettering refused record uuid='{}' of transaction {} to {}: {}", r.uuid,
-                 identity.transaction_id, options_.dlq_topic, r.reason);
+    if (uint64_t left_out = 0; dead_letter_log_.Allow(&left_out)) {
+      spdlog::warn(
+          "dead-lettering refused record uuid='{}' of transaction {} to {}: {}{}", r.uuid,
+          identity.transaction_id, options_.dlq_topic, r.reason,
+          left_out == 0
+              ? std::string()
+              : fmt::format(" ({} more dead-lettered rows not logged before this one)", left_out));
+    }
     stats_->dead_lettered.fetch_add(1, std::memory_order_relaxed);
     tracker_->AddDeadLetter(r.tx);
     if (auto st = Offer(record, r.tx, keep); !st) {

@@ -108,6 +108,7 @@ struct RelayConfig {
   int64_t metrics_request_timeout_ms = 3000;
   int64_t metrics_label_cap = 200;      // row-given values of a metric label (topic, event_type)
   int64_t readyz_stall_timeout_s = 60;  // /readyz: rows not moving, or the marker failing
+  int64_t max_topics = 1000;            // distinct topics rows may go to
   int64_t row_count_interval_s = 60;
   LogConfig log;
 

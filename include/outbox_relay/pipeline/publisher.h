@@ -65,6 +65,29 @@ struct PublisherOptions {
   int64_t max_in_flight_bytes = 1 << 20;        // their bytes the sink holds (BytesInFlight)
   size_t max_awaiting_mark = 8000;              // delivered transactions not yet marked
   std::chrono::milliseconds stop_grace{12500};  // waits give up this long after a stop
+  // Distinct topics rows may go to (--max-topics): the topic comes from the
+  // row (the template), and each new one costs the producer a topic handle
+  // kept for good, a wait for its metadata and, with --create-topics, a
+  // topic on the cluster. A row whose topic would be one more is poison.
+  size_t max_topics = 1000;
+};
+
+// Log lines whose number rows decide (one per dead-lettered row): at most
+// `burst` per `window`, then one line saying how many were left out.
+// The loop thread's.
+class LogBudget {
+ public:
+  LogBudget(int burst, std::chrono::seconds window) : burst_(burst), window_(window) {}
+  // True when this line may be logged. `*suppressed` is set to the lines
+  // left out since the last one logged (to say so in it).
+  bool Allow(uint64_t* suppressed);
+
+ private:
+  const int burst_;
+  const std::chrono::seconds window_;
+  std::chrono::steady_clock::time_point window_start_{};
+  int used_ = 0;
+  uint64_t suppressed_ = 0;
 };
 
 // Exactly-once delivery (--delivery=exactly-once): the sink is a
@@ -199,6 +222,9 @@ class Publisher {
   StopSignal* const stop_;
   outbox::RecordMapper mapper_;
   outbox::DeadLetterBuilder dead_letters_;
+  // The topics rows went to (at most options_.max_topics; loop thread).
+  std::set<std::string, std::less<>> topics_;
+  LogBudget dead_letter_log_{20, std::chrono::seconds(60)};
   std::unique_ptr<kafka::Sink> sink_;
   uint64_t fatal_after_ = 0;  // failpoint
   std::function<void()> inject_fatal_;

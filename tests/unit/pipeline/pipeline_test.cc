@@ -217,6 +217,39 @@ TEST(Pipeline, PoisonRowsAreDeadLetteredInTheirPlaceAndMarked) {
   EXPECT_THAT(MarkedOffsets(p.marker()), ElementsAre(1, 2, 3, 4, 5, 7, 9, 10, 11, 12, 13));
 }
 
+// The topic comes from the row: past --max-topics distinct topics, a row
+// whose topic would be one more is dead-lettered, and known topics go on.
+TEST(Pipeline, ARowWhoseTopicWouldBeOneTooManyIsDeadLettered) {
+  FakeWalSender wal = FakeWalSender::Recorded();
+  PublisherOptions options = Pipeline::DefaultOptions();
+  options.mapper.topic_template = "t.{Event-Type}";
+  options.max_topics = 1;
+  Pipeline p(options);
+  p.Connect(wal.From(Lsn(1)));
+  ASSERT_TRUE(Eventually([&] { return p.tracker().confirmed() == LastEnd(wal); }));
+  auto records = p.sink().produced();
+  ASSERT_EQ(Uuids(records), AllUuids());
+  EXPECT_EQ(records[0].topic, "t.review.created");
+  EXPECT_EQ(records[2].topic, "dlq");  // review.deleted: a second topic
+  EXPECT_NE(records[2].Header("outbox_dlq_reason").find("--max-topics"), std::string::npos)
+      << records[2].Header("outbox_dlq_reason");
+  EXPECT_EQ(records[4].topic, "t.review.created");
+  EXPECT_THAT(MarkedOffsets(p.marker()), ElementsAre(1, 2, 3, 4, 5, 7, 9, 10, 11, 12, 13));
+}
+
+TEST(LogBudget, AllowsABurstPerWindowAndCountsWhatItLeftOut) {
+  LogBudget budget(3, std::chrono::seconds(3600));
+  uint64_t left_out = 99;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(budget.Allow(&left_out));
+    EXPECT_EQ(left_out, 0u);
+  }
+  for (int i = 0; i < 1000; ++i) EXPECT_FALSE(budget.Allow(&left_out));
+  LogBudget next_window(1, std::chrono::seconds(0));  // every call opens a new window
+  EXPECT_TRUE(next_window.Allow(&left_out));
+  EXPECT_TRUE(next_window.Allow(&left_out));
+}
+
 TEST(Pipeline, ARecordTheProducerRefusesIsDeadLetteredInItsPlace) {
   FakeWalSender wal = FakeWalSender::Recorded();
   Pipeline p;
