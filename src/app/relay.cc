@@ -193,6 +193,7 @@ Status Relay::Prepare() {
   po.max_in_flight_bytes = config_.max_in_flight_bytes;
   po.max_awaiting_mark = static_cast<size_t>(config_.marker_batch) * 4;
   po.stop_grace = StopGrace(config_);
+  po.max_topics = static_cast<size_t>(config_.max_topics);
   auto publisher = pipeline::Publisher::Create(po, tracker_.get(), &stats_, &metrics_, &*stop_);
   if (!publisher) return std::unexpected(publisher.error());
   publisher_ = std::move(*publisher);
