@@ -166,5 +166,43 @@ TEST_F(HostileInput, DistinctEventTypesLeaveTheSeriesAtTheCap) {
   EXPECT_EQ(uuids.size(), 25000u);
 }
 
+// Streaming with Kafka reachable is not "ready" when nothing moves: a row
+// delivered but held unmarked (a migration holds the outbox table in SHARE
+// mode, so the marker's UPDATE waits) makes /readyz say 503 once the bound
+// passes, and 200 again once it is marked.
+TEST_F(HostileInput, ReadyzSaysWhenRowsStopMoving) {
+  CreateTables();
+  const int port = FreeLocalPort(17480);
+  // The marker gathers for a second: the lock below is in place before its statement.
+  RelayProcess& relay = StartRelay(
+      {"--metrics-addr", fmt::format("127.0.0.1:{}", port), "--marker-interval-ms", "1000"},
+      {{"OUTBOX_READYZ_STALL_TIMEOUT_S", "3"}});
+  ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
+  auto wait_ready = [&](int status, seconds timeout) {
+    auto deadline = Clock::now() + timeout;
+    HttpResponse r;
+    while (Clock::now() < deadline) {
+      r = HttpGet(port, "/readyz");
+      if (r.status == status) return r.body;
+      std::this_thread::sleep_for(milliseconds(200));
+    }
+    return fmt::format("timed out; last: {} {}", r.status, r.body);
+  };
+  ASSERT_EQ(wait_ready(200, seconds(20)).substr(0, 2), "ok");
+  const std::string table = "public." + QuoteIdent(name_);
+  Pg migration(env_.database_url);
+  InsertRow(*db_, RowSpec{});
+  migration.Exec("BEGIN");
+  migration.Exec(fmt::format("LOCK TABLE {} IN SHARE MODE", table));
+  auto t0 = Clock::now();
+  std::string body = wait_ready(503, seconds(15));
+  fmt::print("/readyz after {:.1f} s of the lock: {}", SecondsSince(t0), body);
+  EXPECT_NE(body.find("nothing moved"), std::string::npos) << body;
+  EXPECT_EQ(HttpGet(port, "/healthz").status, 200);  // alive: not a reason to restart it
+  migration.Exec("COMMIT");
+  EXPECT_EQ(wait_ready(200, seconds(20)).substr(0, 2), "ok");
+  EXPECT_EQ(WaitAllAcked(seconds(20)), 0);
+}
+
 }  // namespace
 }  // namespace outbox_test
