@@ -878,9 +878,11 @@ metrics::Health Relay::Readyz() const {
     seen_confirmed_ = confirmed;
     seen_moving_ns_ = now;
   } else if (now - seen_moving_ns_ > bound) {
-    return {false, fmt::format("nothing moved for {} s: {} rows in flight, confirmed {}",
-                               (now - seen_moving_ns_) / 1000000000, tracker_->rows_in_flight(),
-                               confirmed)};
+    auto in_flight = tracker_->stats();
+    return {false, fmt::format("nothing moved for {} s: {} rows unacknowledged by Kafka, {} "
+                               "transactions delivered but not marked; confirmed {}",
+                               (now - seen_moving_ns_) / 1000000000, in_flight.rows_in_flight,
+                               in_flight.awaiting_mark, confirmed)};
   }
   return {true, "ok: streaming, Kafka reachable, rows moving"};
 }
