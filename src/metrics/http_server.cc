@@ -173,8 +173,8 @@ struct HttpServer::Impl {
     if (s->closed) return;
     s->closed = true;
     boost::system::error_code ignored;
-    s->stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
-    s->stream.socket().close(ignored);  // its pending operation ends with operation_aborted
+    (void)s->stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    (void)s->stream.socket().close(ignored);  // its pending operation ends with operation_aborted
     sessions.erase(s->position);
     auto it = per_client.find(s->client);
     if (it != per_client.end() && --it->second == 0) per_client.erase(it);
@@ -245,7 +245,7 @@ struct HttpServer::Impl {
     std::promise<void> closed;
     asio::post(io, [this, &closed] {
       boost::system::error_code ignored;
-      acceptor.close(ignored);
+      (void)acceptor.close(ignored);
       accept_retry.cancel();
       while (!sessions.empty()) Close(sessions.front());
       closed.set_value();
@@ -278,10 +278,11 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpOptions& options
   impl.readyz = std::move(readyz);
   impl.refresh = std::move(refresh);
   boost::system::error_code ec;
-  impl.acceptor.open(endpoint->protocol(), ec);
-  if (!ec) impl.acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
-  if (!ec) impl.acceptor.bind(*endpoint, ec);
-  if (!ec) impl.acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  // (The error-code overloads also return it: `ec` is what is checked.)
+  (void)impl.acceptor.open(endpoint->protocol(), ec);
+  if (!ec) (void)impl.acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) (void)impl.acceptor.bind(*endpoint, ec);
+  if (!ec) (void)impl.acceptor.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) {
     return Fail(ErrorCode::kInvalidArgument,
                 "invalid setting --metrics-addr (OUTBOX_METRICS_ADDR): cannot listen on {}: {} "
