@@ -485,7 +485,7 @@ Status WatermillTables::Prepare(pg::Connection& conn) {
   if (auto st = EnsureOffsetsTables(conn); !st) return st;
   if (auto st = EnsurePublication(conn); !st) return st;
   UpdateProgressTables();
-  Retire({});
+  Retire({}, {});
   return Ok();
 }
 
@@ -670,11 +670,13 @@ bool WatermillTables::OnUnrouted(std::string_view schema, std::string_view name,
   return true;
 }
 
-void WatermillTables::Retire(const std::vector<OutboxTable>& before) {
-  auto followed = [&](const pg::QualifiedName& name) {
-    return std::any_of(tables_.begin(), tables_.end(),
+void WatermillTables::Retire(const std::vector<OutboxTable>& before,
+                             const std::vector<OutboxTable>& resolved) {
+  auto in = [](const std::vector<OutboxTable>& list, const pg::QualifiedName& name) {
+    return std::any_of(list.begin(), list.end(),
                        [&](const OutboxTable& t) { return t.name.ToString() == name.ToString(); });
   };
+  auto followed = [&](const pg::QualifiedName& name) { return in(tables_, name); };
   auto retired = [&](const pg::QualifiedName& name) {
     return std::any_of(retired_.begin(), retired_.end(),
                        [&](const OutboxTable& t) { return t.name.ToString() == name.ToString(); });
@@ -682,7 +684,8 @@ void WatermillTables::Retire(const std::vector<OutboxTable>& before) {
   // Followed again (recreated, or its shape restored): not retired any more.
   std::erase_if(retired_, [&](const OutboxTable& t) { return followed(t.name); });
   for (const OutboxTable& t : before) {
-    if (followed(t.name) || retired(t.name)) continue;
+    // Still there and fitting, only waiting to join again: not retired.
+    if (followed(t.name) || retired(t.name) || in(resolved, t.name)) continue;
     spdlog::warn(
         "watermill table {} is no longer followed (dropped, renamed, or without watermill-sql's "
         "columns now): no position is written for it; the rows written to it before are still "
@@ -739,15 +742,15 @@ Status WatermillTables::BeforeStream() {
     if (st.error().code == ErrorCode::kInvalidArgument && !tracker_->empty()) {
       // A listed table is gone or changed: what was read before goes out
       // before the relay stops.
-      spdlog::info("watermill tables: delivering the {} rows read before stopping",
-                   tracker_->rows_in_flight());
+      spdlog::info("watermill tables: delivering and marking what was read before stopping");
       (void)WaitDelivered();
     }
     return st;
   }
+  const std::vector<OutboxTable> resolved = tables_;  // before joins that must wait
   if (auto st = EnsureOffsetsTables(*conn); !st) return st;
   if (auto st = EnsurePublication(*conn); !st) return st;
-  Retire(before);
+  Retire(before, resolved);
   if (auto st = CatchUp(*conn); !st) return st;
   if (stop_->requested()) return Ok();
   UpdateProgressTables();

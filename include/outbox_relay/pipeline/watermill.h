@@ -189,9 +189,10 @@ class WatermillTables {
   Status WaitDelivered();
   void UpdateProgressTables();
   void DiscoveryLoop();
-  // After Resolve: the tables no longer followed, and the names that ended
-  // a session without being followed since, become retired ones.
-  void Retire(const std::vector<OutboxTable>& before);
+  // After Resolve (`resolved`) and the joins: the tables followed `before`
+  // that no longer resolve, and the names that ended a session without being
+  // followed since, become retired ones.
+  void Retire(const std::vector<OutboxTable>& before, const std::vector<OutboxTable>& resolved);
 
   const WatermillSettings settings_;
   const WatermillOptions options_;
