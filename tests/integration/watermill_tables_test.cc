@@ -1,6 +1,6 @@
 // --table-mode=watermill with tables that change under a running relay
-// (issue 37): dropped, renamed, truncated, their offsets table dropped. In
-// each, under load on three tables:
+// (issue 37): dropped, renamed, altered, truncated, their offsets table
+// dropped. In each, under load on three tables:
 //  - the other tables' rows are all in Kafka (lost 0) and their consumer
 //    group positions keep moving to their last row;
 //  - the rows written to the changed table before the change are in Kafka;
@@ -235,7 +235,10 @@ TEST_F(WatermillTables, DroppedTableOfThePatternIsUnfollowedAndTheOthersMoveOn) 
 }
 
 TEST_F(WatermillTables, RenamedTableOfThePatternIsUnfollowedAndTheOthersMoveOn) {
-  RelayProcess& relay = StartRelay(Args());
+  const int port = FreeLocalPort(17520);
+  std::vector<std::string> args = Args();
+  args.insert(args.end(), {"--metrics-addr", fmt::format("127.0.0.1:{}", port)});
+  RelayProcess& relay = StartRelay(args);
   ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
   for (const char* t : {"a", "b", "c"}) StartWriter(t);
   std::this_thread::sleep_for(seconds(3));
@@ -258,6 +261,37 @@ TEST_F(WatermillTables, RenamedTableOfThePatternIsUnfollowedAndTheOthersMoveOn) 
   EXPECT_EQ(Lost("c", Written("c")), 0u);
   EXPECT_TRUE(relay.Running()) << relay.LogTail();
   EXPECT_NE(relay.Log().find("is no longer followed"), std::string::npos) << relay.LogTail();
+  EXPECT_EQ(WaitReady(port, 200, seconds(10)).substr(0, 2), "ok");
+}
+
+// Altered so that it no longer has watermill-sql's columns (a column
+// dropped): rows written before still go out, rows after are not Watermill
+// rows any more, and nothing stops or stalls.
+TEST_F(WatermillTables, AlteredTableOfThePatternIsUnfollowedAndTheOthersMoveOn) {
+  const int port = FreeLocalPort(17540);
+  std::vector<std::string> args = Args();
+  args.insert(args.end(), {"--metrics-addr", fmt::format("127.0.0.1:{}", port)});
+  RelayProcess& relay = StartRelay(args);
+  ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
+  for (const char* t : {"a", "b", "c"}) StartWriter(t);
+  std::this_thread::sleep_for(seconds(3));
+  StopWriter("a");
+  const std::set<std::string> written_a = Written("a");
+  db_->Exec(fmt::format("ALTER TABLE {} DROP COLUMN metadata", Table("a")));
+  db_->Exec(
+      fmt::format("INSERT INTO {} (uuid, payload, transaction_id) VALUES ('after-alter', '{{}}', "
+                  "pg_current_xact_id())",
+                  Table("a")));
+  std::this_thread::sleep_for(seconds(6));
+  StopWriters();
+  EXPECT_TRUE(WaitPositionAtLastRow("b", seconds(30))) << relay.LogTail();
+  EXPECT_TRUE(WaitPositionAtLastRow("c", seconds(30))) << relay.LogTail();
+  EXPECT_EQ(Lost("a", written_a), 0u);
+  EXPECT_EQ(Lost("b", Written("b")), 0u);
+  EXPECT_EQ(Lost("c", Written("c")), 0u);
+  EXPECT_TRUE(relay.Running()) << relay.LogTail();
+  EXPECT_NE(relay.Log().find("is no longer followed"), std::string::npos) << relay.LogTail();
+  EXPECT_EQ(WaitReady(port, 200, seconds(10)).substr(0, 2), "ok");
 }
 
 TEST_F(WatermillTables, TruncatedTableAndADroppedOffsetsTableHoldNobodyBack) {
