@@ -231,6 +231,9 @@ TEST_F(WatermillTables, DroppedTableOfThePatternIsUnfollowedAndTheOthersMoveOn) 
                   "'{{}}', '{{}}', pg_current_xact_id())",
                   Table("b")));
   EXPECT_TRUE(WaitPositionAtLastRow("b", seconds(30))) << relay.LogTail();
+  // And it stops cleanly: nothing is left unmarked behind the dropped table.
+  relay.Terminate();
+  EXPECT_EQ(relay.Wait(seconds(30)), std::optional<int>(0)) << relay.LogTail();
   fmt::print("test body {:.1f} s\n", SecondsSince(t0));
 }
 
