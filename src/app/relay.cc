@@ -11,7 +11,6 @@
 #include "outbox_relay/app/failover.h"
 #include "outbox_relay/core/failpoint.h"
 #include "outbox_relay/kafka/admin.h"
-#include "outbox_relay/kafka/committed_reader.h"
 #include "outbox_relay/kafka/producer.h"
 #include "outbox_relay/pg/publication.h"
 #include "outbox_relay/pg/relay_schema.h"
@@ -269,9 +268,10 @@ Status Relay::Prepare() {
 }
 
 Status Relay::AttachSink() {
-  auto sink = MakeRelaySink();
-  if (!sink) return std::unexpected(sink.error());
-  if (auto* producer = dynamic_cast<kafka::KafkaProducer*>(sink->get())) {
+  auto made = MakeRelaySink();
+  if (!made) return std::unexpected(made.error());
+  kafka_producer_ = made->kafka;
+  if (kafka::KafkaProducer* producer = made->kafka) {
     // Up to 10 s for a first answer, in slices: a stop request is not held up.
     Status reached = Fail(ErrorCode::kTransient, "no answer");
     for (int i = 0; i < 10 && !reached && !stop_->requested(); ++i) {
@@ -289,23 +289,23 @@ Status Relay::AttachSink() {
       publisher_->InjectFatalAfter(fatal_after_,
                                    [producer] { producer->InjectFatalErrorForTest(); });
     }
-    // Exactly-once: the transactions are initialised (fencing every other
-    // producer of the transactional.id) only once this instance owns the
-    // slot: EnsureTransactions, before the backfill and before streaming.
-    transactions_ready_ = false;
   } else {
     stats_.kafka_reachable.store(true);
   }
-  publisher_->AttachSink(std::move(*sink));
+  // Exactly-once: the transactions are initialised (fencing every other
+  // producer of the transactional.id) only once this instance owns the
+  // slot: EnsureTransactions, before the backfill and before streaming.
+  transactions_ready_ = false;
+  publisher_->AttachSink(std::move(made->sink));
   return Ok();
 }
 
-Status Relay::RestartPipeline() {
+Status Relay::RestartPipeline(std::string_view why) {
   auto t0 = Clock::now();
   spdlog::warn(
       "restarting the pipeline: {}. Nothing past {} is confirmed; the Kafka producer is "
       "replaced and the transactions in flight are sent again from the slot",
-      tracker_->failure().value_or("?"), tracker_->confirmed());
+      why.empty() ? tracker_->failure().value_or("?") : std::string(why), tracker_->confirmed());
   // After this no delivery report arrives: the old producer's records are
   // never counted, whatever the brokers did with them.
   publisher_->CloseSink();
@@ -428,8 +428,9 @@ int Relay::Run(const std::atomic<bool>& stop) {
   int attempt = 0;
   // Kafka did not acknowledge in time (the tracker's failure is retryable):
   // restart the pipeline, or stop when even that fails.
-  auto restart_pipeline = [&](pipeline::StreamSession* live) -> std::optional<int> {
-    if (auto st = RestartPipeline(); !st) {
+  auto restart_pipeline = [&](pipeline::StreamSession* live,
+                              std::string_view why = {}) -> std::optional<int> {
+    if (auto st = RestartPipeline(why); !st) {
       if (st.error().code == ErrorCode::kCancelled) return Shutdown(live, true);
       spdlog::error("{}", st.error().message);
       return Shutdown(live, true);
@@ -441,8 +442,12 @@ int Relay::Run(const std::atomic<bool>& stop) {
     if (stop.load()) return Shutdown(nullptr, false);
     if (need_slot_setup_) {
       auto st = slot_setup_->Run();
-      if (!st && tracker_->failure_retryable() && !stop.load()) {
-        if (auto code = restart_pipeline(nullptr)) return *code;
+      if (!st && (tracker_->failure_retryable() || st.error().code == ErrorCode::kFenced) &&
+          !stop.load()) {
+        // Kafka failed under the backfill, or (exactly-once) another instance
+        // fenced this producer: a new one; the backfill resumes from its
+        // stored snapshot, skipping what Kafka holds.
+        if (auto code = restart_pipeline(nullptr, st.error().message)) return *code;
         continue;
       }
       if (!st) {
@@ -551,7 +556,8 @@ int Relay::Run(const std::atomic<bool>& stop) {
           err.message, config_.slot, config_.table_name.ToString());
       return Shutdown(live, true);
     }
-    if (DispositionOf(err) != Disposition::kRetry) {
+    // kFenced: exactly-once, another instance took the transactional.id over (below).
+    if (DispositionOf(err) != Disposition::kRetry && err.code != ErrorCode::kFenced) {
       spdlog::error("{}", err.message);
       Shutdown(live, true);
       return ExitCodeOf(err);
@@ -559,26 +565,36 @@ int Relay::Run(const std::atomic<bool>& stop) {
     if (err.code == ErrorCode::kAborted) {
       // Exactly-once: a Kafka transaction aborted; its PostgreSQL transactions
       // come again from the slot. Kafka's progress did not move, so whatever
-      // it already had is not produced twice.
+      // it already had is not produced twice. A topic that needs smaller
+      // batches than the producer makes needs a new producer (a transaction
+      // is one producer's).
       metrics_.CountError(metrics::ErrorReason::kKafkaUnavailable);
       spdlog::warn("{}", err.message);
-      if (auto recreated = RecreateSinkIfNeeded(); !recreated) {
-        spdlog::error("{}", recreated.error().message);
-        Shutdown(nullptr, true);
-        return ExitCodeOf(recreated.error());
+      if (auto wanted = kafka_producer_ ? kafka_producer_->RequiredBatchSize() : std::nullopt) {
+        required_batch_size_ = *wanted;
+        session.reset();
+        source.reset();
+        if (auto code = restart_pipeline(
+                nullptr, fmt::format("a topic needs batches of at most {} bytes", *wanted))) {
+          return *code;
+        }
+        continue;
       }
-    } else if (err.code == ErrorCode::kSlotInUse && transactions_ready_) {
-      // Exactly-once: this instance held the slot and initialised its
-      // transactions, and another one holds the slot now: that one took the
-      // transactional.id over and fenced this producer (a frozen instance
-      // thawed, a partitioned one reconnected). Nothing more of this one's
-      // can commit; it stops, and a restart makes it the new one's standby.
-      spdlog::error(
-          "this relay was replaced: another instance holds slot {} ({}) and took over the "
-          "transactional.id {}, which fences this one; exiting (a restart makes it a standby)",
-          config_.slot, err.message, transactional_id_);
-      Shutdown(live, true);
-      return kExitFailure;
+    } else if (err.code == ErrorCode::kFenced ||
+               (err.code == ErrorCode::kSlotInUse && transactions_ready_)) {
+      // Exactly-once: another instance took the transactional.id over (it
+      // fenced this producer), or holds the slot now. Nothing more of this
+      // producer's can commit. A new producer, and the stream again: if the
+      // slot is this instance's, it fences the other (a thawed zombie that
+      // fenced it); if not, it is the other's standby, and initialises its
+      // transactions only when it takes over.
+      spdlog::warn("this relay was replaced ({}); the Kafka producer is replaced, and the relay "
+                   "resumes from slot {} if it is still its own, else waits as a standby",
+                   err.message, config_.slot);
+      session.reset();
+      source.reset();
+      if (auto code = restart_pipeline(nullptr, err.message)) return *code;
+      continue;
     } else if (err.code == ErrorCode::kSlotInUse) {
       if (!stats_.standby.exchange(true)) {
         spdlog::info("standby: {}; waiting to take over", err.message);
@@ -601,135 +617,6 @@ int Relay::Run(const std::atomic<bool>& stop) {
   }
 }
 
-Result<std::unique_ptr<kafka::Sink>> Relay::MakeRelaySink() {
-  auto on_error = [this](const Error&) {
-    metrics_.CountError(metrics::ErrorReason::kKafkaUnavailable);
-  };
-  if (config_.delivery != DeliveryMode::kExactlyOnce) {
-    return MakeSink(config_, publisher_->DeliveryCallback(), on_error);
-  }
-  if (transactional_id_.empty()) {
-    auto id = TransactionalId();
-    if (!id) return std::unexpected(id.error());
-    transactional_id_ = *id;
-  }
-  kafka::ProducerOptions opts = ProducerOptionsOf(config_);
-  opts.transactional_id = transactional_id_;
-  opts.transaction_timeout = milliseconds(config_.transaction_timeout_ms);
-  opts.transaction_interval = milliseconds(config_.txn_interval_ms);
-  opts.batch_size = required_batch_size_;
-  auto producer = kafka::KafkaProducer::Create(opts, publisher_->DeliveryCallback(), on_error);
-  if (!producer) return std::unexpected(producer.error());
-  return std::unique_ptr<kafka::Sink>(std::move(*producer));
-}
-
-Result<std::string> Relay::TransactionalId() {
-  if (!config_.transactional_id.empty()) return config_.transactional_id;
-  // The cluster (its system identifier), the database and the slot: two
-  // relays of different databases never share a transactional.id, and an
-  // instance taking a slot over takes its predecessor's, fencing it.
-  auto repl = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kReplication);
-  if (!repl) return std::unexpected(repl.error());
-  auto identity = pg::IdentifySystem(*repl);
-  if (!identity) return std::unexpected(identity.error());
-  return pipeline::DefaultTransactionalId(identity->system_id, repl->database(), config_.slot);
-}
-
-pipeline::TransactionOptions Relay::TransactionOptionsOf() const {
-  pipeline::TransactionOptions to;
-  to.progress_topic = config_.progress_topic;
-  to.key = transactional_id_;
-  to.interval = milliseconds(config_.txn_interval_ms);
-  to.max_rows = config_.txn_max_rows;
-  if constexpr (failpoint::kCompiledIn) {
-    if (failpoint::Active("eos-no-skip")) {
-      spdlog::warn("TEST FAULT eos-no-skip: what Kafka already has is produced again");
-      to.skip_committed = false;
-    }
-  }
-  return to;
-}
-
-Status Relay::EnsureTransactions() {
-  if (config_.delivery != DeliveryMode::kExactlyOnce || transactions_ready_) return Ok();
-  auto* producer = dynamic_cast<kafka::KafkaProducer*>(publisher_->sink());
-  if (producer == nullptr) return Fail(ErrorCode::kFatal, "internal: exactly-once without Kafka");
-  if (auto st = PrepareTransactions(producer); !st) return st;
-  transactions_ready_ = true;
-  return Ok();
-}
-
-Status Relay::PrepareTransactions(kafka::KafkaProducer* producer) {
-  // Fence every earlier producer of this transactional.id (a frozen old
-  // instance) and complete what it left open; only then is Kafka's progress
-  // final enough to be read.
-  if (auto st = producer->InitTransactions(milliseconds(30000)); !st) return st;
-  rd_kafka_t* rk = producer->handle();
-  auto config = kafka::TopicConfig(rk, config_.progress_topic, milliseconds(10000));
-  if (!config) return std::unexpected(config.error());
-  if (!*config) {
-    if (auto st = kafka::CreateTopic(rk, config_.progress_topic, 1,
-                                     static_cast<int>(config_.topic_replication_factor),
-                                     milliseconds(10000), nullptr, {{"cleanup.policy", "compact"}});
-        !st) {
-      return st;
-    }
-    spdlog::info("created the progress topic {} (compacted)", config_.progress_topic);
-  } else if (auto it = (*config)->find("cleanup.policy");
-             it == (*config)->end() || it->second.find("compact") == std::string::npos) {
-    return Fail(ErrorCode::kInvalidArgument,
-                "invalid setting --progress-topic (OUTBOX_PROGRESS_TOPIC): topic {} has "
-                "cleanup.policy={}; the progress topic must be compacted (its old values would "
-                "otherwise expire, and the relay would produce again what Kafka has): "
-                "kafka-configs --alter --entity-type topics --entity-name {} --add-config "
-                "cleanup.policy=compact",
-                config_.progress_topic,
-                it == (*config)->end() ? std::string("(unknown)") : it->second,
-                config_.progress_topic);
-  }
-  auto value = kafka::ReadLastCommittedValue(ProducerOptionsOf(config_), config_.progress_topic,
-                                             transactional_id_, milliseconds(30000));
-  if (!value) return std::unexpected(value.error());
-  pipeline::KafkaProgress committed;
-  if (*value) {
-    auto decoded = pipeline::DecodeProgress(**value);
-    if (!decoded) {
-      return Fail(ErrorCode::kFatal, "the progress in {} for {} cannot be read: {}",
-                  config_.progress_topic, transactional_id_, decoded.error().message);
-    }
-    committed = *decoded;
-  }
-  publisher_->EnableTransactions(TransactionOptionsOf(), producer, committed);
-  spdlog::info("exactly-once: transactional.id {}; Kafka holds up to {} (rows {}{}){}",
-               transactional_id_, committed.final_lsn, committed.rows,
-               committed.complete ? ", complete" : "",
-               committed.backfill
-                   ? fmt::format("; backfill of {} up to ({}, {})", committed.backfill->snapshot,
-                                 committed.backfill->transaction_id, committed.backfill->offset)
-                   : "");
-  return Ok();
-}
-
-Status Relay::RecreateSinkIfNeeded() {
-  auto* producer = dynamic_cast<kafka::KafkaProducer*>(publisher_->sink());
-  if (producer == nullptr) return Ok();
-  auto wanted = producer->RequiredBatchSize();
-  if (!wanted) return Ok();
-  // Let the purged records' reports settle before the producer goes.
-  Drain(milliseconds(5000));
-  pipeline::KafkaProgress committed = publisher_->committed_progress();
-  required_batch_size_ = *wanted;
-  publisher_->CloseSink();
-  auto sink = MakeRelaySink();
-  if (!sink) return std::unexpected(sink.error());
-  auto* fresh = dynamic_cast<kafka::KafkaProducer*>(sink->get());
-  if (auto st = fresh->InitTransactions(milliseconds(30000)); !st) return st;
-  publisher_->EnableTransactions(TransactionOptionsOf(), fresh, committed);
-  publisher_->AttachSink(std::move(*sink));
-  spdlog::info("the transactional producer starts again with batch.size {}", *wanted);
-  return Ok();
-}
-
 Status Relay::Stream(std::optional<pipeline::StreamSession>* session,
                      std::optional<pipeline::PgSource>* source) {
   // Start from what the slot itself says if that is further than what we
@@ -744,7 +631,17 @@ Status Relay::Stream(std::optional<pipeline::StreamSession>* session,
   auto conn = pg::Connection::Open(config_.replication_url(), pg::Connection::Mode::kReplication,
                                    "outbox-relay", config_.pg_network);
   if (!conn) return std::unexpected(conn.error());
-  if (auto st = FollowPromotion(*conn); !st) return st;
+  auto identity = pg::IdentifySystem(*conn);
+  if (!identity) return std::unexpected(identity.error());
+  if (auto st = FollowPromotion(*identity); !st) return st;
+  // Exactly-once: the history the progress is trusted on, read before the
+  // connection turns into the stream.
+  std::optional<pipeline::ProgressFacts> facts;
+  if (config_.delivery == DeliveryMode::kExactlyOnce) {
+    auto f = ProgressFactsOf(*conn, *identity);
+    if (!f) return std::unexpected(f.error());
+    facts = std::move(*f);
+  }
   // Silence is judged against the server's own patience (Liveness).
   milliseconds wal_sender_timeout(0);
   if (auto shown = conn->Exec("SHOW wal_sender_timeout")) {
@@ -761,8 +658,15 @@ Status Relay::Stream(std::optional<pipeline::StreamSession>* session,
   if (!stream) return std::unexpected(stream.error());
   last_walsender_pid_ = stream->backend_pid();
   if (stats_.standby.exchange(false)) spdlog::info("slot {} is free: taking over", config_.slot);
-  // The slot is ours: only now may this instance fence the previous holder.
-  if (auto st = EnsureTransactions(); !st) return st;
+  // The slot is ours: only now may this instance fence the previous holder
+  // (and only while it still holds it: one frozen since START_REPLICATION
+  // must not fence the instance that took over meanwhile).
+  if (facts) {
+    if (!transactions_ready_) {
+      if (auto st = CheckSlotHeld(); !st) return st;
+    }
+    if (auto st = EnsureTransactions(&*facts); !st) return st;
+  }
   pipeline::SessionOptions so;
   so.receive_timeout = pipeline::Liveness::ForServer(milliseconds(config_.pg_receive_timeout_ms),
                                                      wal_sender_timeout);

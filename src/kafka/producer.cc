@@ -660,7 +660,7 @@ Error TxnError(rd_kafka_error_t* error, std::string_view what) {
   std::string text = rd_kafka_error_string(error);
   if (code == RD_KAFKA_RESP_ERR__FENCED || code == RD_KAFKA_RESP_ERR_PRODUCER_FENCED ||
       code == RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH) {
-    return Error{ErrorCode::kFatal,
+    return Error{ErrorCode::kFenced,
                  fmt::format("{}: this relay was replaced: another instance took over its "
                              "transactional.id and fenced it ({}); it publishes nothing more",
                              what, text)};

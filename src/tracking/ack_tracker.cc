@@ -180,6 +180,14 @@ void AckTracker::RaiseConfirmed(Lsn position) {
   }
 }
 
+void AckTracker::ForEachUnmarked(const std::function<void(const Transaction&)>& fn) const {
+  std::lock_guard lock(mu_);
+  for (const auto& tx : in_flight_) {
+    if (tx->marked || tx->abandoned || tx->row_ranges.empty()) continue;
+    fn(*tx);
+  }
+}
+
 bool AckTracker::FollowServer(Lsn wal_end) {
   std::lock_guard lock(mu_);
   // Between transactions: every commit before wal_end was received.

@@ -27,6 +27,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -132,6 +133,12 @@ class AckTracker {
   // That Kafka transaction was aborted: `tx` never confirms and is never
   // marked (its rows are sent again); releases the hold.
   void AbandonHeld(Transaction* tx);
+  // Exactly-once: calls `fn` for every transaction in flight that has rows
+  // and is neither marked nor abandoned, in stream order: what Kafka holds, or
+  // will once the open Kafka transaction commits, and the table may not show
+  // marked (the progress record's unmarked rows). Under the tracker's lock:
+  // keep `fn` short.
+  void ForEachUnmarked(const std::function<void(const Transaction&)>& fn) const;
   // Idle rule: if nothing is in flight, confirm up to the server's `wal_end`.
   // Returns true when the confirmed position moved.
   bool FollowServer(Lsn wal_end);
