@@ -470,8 +470,11 @@ Status ExactlyOnce::FinishWorker() {
   pending_.rows = committed_.rows;
   pending_.complete = committed_.complete;
   pending_.backfill = committed_.backfill;
-  for (tracking::Transaction* tx : std::exchange(ending_members_, {})) tracker_->AbandonHeld(tx);
-  for (tracking::Transaction* tx : std::exchange(txn_members_, {})) tracker_->AbandonHeld(tx);
+  // One hold per Kafka transaction a PostgreSQL transaction joined: one split
+  // across both is released twice.
+  std::vector<tracking::Transaction*> held = std::exchange(ending_members_, {});
+  for (tracking::Transaction* tx : std::exchange(txn_members_, {})) held.push_back(tx);
+  tracker_->AbandonHeld(held);
   if (!result) return result;
   return Fail(ErrorCode::kAborted, "Kafka transaction aborted ({}); sending its rows again",
               abort_reason_);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "../pgoutput/golden_stream.h"
+#include "fake_kafka.h"
 #include "outbox_relay/kafka/sink.h"
 #include "outbox_relay/metrics/metrics.h"
 #include "outbox_relay/pgoutput/decoder.h"
@@ -135,6 +136,12 @@ class FakeSource final : public ReplicationSource {
       return Fail(ErrorCode::kTransient, "replication connection: cut by the test");
     }
     if (queue_.empty()) return std::optional<std::string_view>();
+    if (pace.count() > 0) {
+      // A server slower than the relay: one message per `pace`.
+      auto now = std::chrono::steady_clock::now();
+      if (now - last_read_ < pace) return std::optional<std::string_view>();
+      last_read_ = now;
+    }
     current_ = std::move(queue_.front());
     queue_.pop_front();
     ++read_;
@@ -149,8 +156,17 @@ class FakeSource final : public ReplicationSource {
   Status SendStatus(const walproto::StandbyStatusUpdate& update) override {
     std::lock_guard lock(mu_);
     statuses_.push_back(update);
+    if (journal != nullptr && update.flush > journaled_) {
+      journaled_ = update.flush;
+      Durable d;
+      d.kind = Durable::Kind::kConfirm;
+      d.confirmed = update.flush;
+      journal->Add(std::move(d));
+    }
     return Ok();
   }
+  Journal* journal = nullptr;  // confirmations are durable steps (exactly-once tests)
+  std::chrono::microseconds pace{0};
   Status Finish(std::chrono::milliseconds) override {
     finished_ = true;
     return Ok();
@@ -190,24 +206,9 @@ class FakeSource final : public ReplicationSource {
   std::optional<size_t> cut_after_;
   size_t read_ = 0;
   std::vector<walproto::StandbyStatusUpdate> statuses_;
+  Lsn journaled_;
+  std::chrono::steady_clock::time_point last_read_{};
   std::atomic<bool> finished_{false};
-};
-
-// A record as the fake sink keeps it.
-struct Produced {
-  std::string topic;
-  std::optional<std::string> key;
-  std::optional<std::string> value;
-  std::vector<std::pair<std::string, std::string>> headers;
-  void* opaque = nullptr;
-  bool settled = false;
-
-  std::string Header(const std::string& name) const {
-    for (const auto& [k, v] : headers) {
-      if (k == name) return v;
-    }
-    return "<none>";
-  }
 };
 
 // The sink, driven by the test. Produce (loop thread) queues; the test
@@ -317,7 +318,8 @@ class FakeSink final : public kafka::Sink {
 // what is delivered and marks it, unless paused.
 class FakeMarker {
  public:
-  explicit FakeMarker(tracking::AckTracker* tracker) : tracker_(tracker) {
+  explicit FakeMarker(tracking::AckTracker* tracker, Journal* journal = nullptr)
+      : tracker_(tracker), journal_(journal) {
     thread_ = std::thread([this] {
       std::vector<tracking::Transaction*> batch;
       while (!stop_) {
@@ -332,9 +334,16 @@ class FakeMarker {
         if (batch.empty()) continue;
         {
           std::lock_guard lock(mu_);
+          Durable d;
+          d.kind = Durable::Kind::kMark;
           for (auto* tx : batch) {
-            for (const auto& run : tx->row_ranges) marked_.push_back(run);
+            for (const auto& run : tx->row_ranges) {
+              marked_.push_back(run);
+              d.marked.push_back(run);
+            }
           }
+          // Marked in the table before the tracker learns it.
+          if (journal_ != nullptr) journal_->Add(std::move(d));
         }
         tracker_->OnMarked(batch);
       }
@@ -357,6 +366,7 @@ class FakeMarker {
 
  private:
   tracking::AckTracker* tracker_;
+  Journal* journal_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> paused_{false};
   std::mutex round_mu_;
@@ -389,9 +399,38 @@ class Pipeline {
     sink_ = sink.get();
     publisher_->AttachSink(std::move(sink));
   }
+  // Exactly-once on `kafka` (a process of its transactional.id): a
+  // transactional sink and the progress log in memory; `journal` records the
+  // process's durable steps. Start with StartTransactions.
+  Pipeline(FakeKafka* kafka, TransactionOptions txn, Lsn start, Journal* journal = nullptr,
+           PublisherOptions options = DefaultOptions())
+      : tracker_(start, /*marking=*/true),
+        metrics_("test"),
+        stop_(stop_flag_),
+        marker_(&tracker_, journal),
+        journal_(journal) {
+    auto publisher = Publisher::Create(std::move(options), &tracker_, &stats_, &metrics_, &stop_);
+    EXPECT_TRUE(publisher.has_value()) << publisher.error().message;
+    publisher_ = std::move(*publisher);
+    auto sink = std::make_unique<FakeTxnSink>(kafka, publisher_->DeliveryCallback());
+    txn_sink_ = sink.get();
+    publisher_->AttachSink(std::move(sink));
+    log_ = std::make_unique<FakeProgressLog>(kafka);
+    eos_ = publisher_->EnableTransactions(txn, txn_sink_, log_.get());
+  }
+  Status StartTransactions(const ProgressFacts& facts) { return eos_->Start(facts); }
+  ExactlyOnce& eos() { return *eos_; }
+  FakeTxnSink& txn_sink() { return *txn_sink_; }
   ~Pipeline() {
     (void)StopSession();  // the test is over: how the session ended was its to check
     publisher_->CloseSink();
+  }
+  // The session's end, as the supervisor handles it: exactly-once, what the
+  // open Kafka transaction holds commits (or, after an abort, is sent again).
+  // Call after WaitSession or StopSession.
+  Status EndTransactions(Status ended) {
+    if (!ended && ended.error().code == ErrorCode::kAborted) return eos_->Abort(5000ms);
+    return eos_->Finish(5000ms, nullptr);
   }
 
   static PublisherOptions DefaultOptions() {
@@ -416,9 +455,12 @@ class Pipeline {
   // source: it outlives the session.
   FakeSource& Connect(std::vector<std::string> messages,
                       std::optional<size_t> cut_after = std::nullopt,
-                      SessionOptions options = Session()) {
+                      SessionOptions options = Session(),
+                      std::chrono::microseconds pace = std::chrono::microseconds(0)) {
     sources_.push_back(std::make_unique<FakeSource>(std::move(messages), cut_after));
     FakeSource* source = sources_.back().get();
+    source->journal = journal_;
+    source->pace = pace;
     session_.emplace(options, source, publisher_.get(), &tracker_, &stats_, &stop_, &marker_error_);
     done_ = false;
     thread_ = std::thread([this] {
@@ -458,9 +500,13 @@ class Pipeline {
   metrics::Metrics metrics_;
   std::atomic<bool> stop_flag_{false};
   StopSignal stop_;
+  std::unique_ptr<FakeProgressLog> log_;  // before the publisher: its unit reads it
   std::unique_ptr<Publisher> publisher_;
   FakeSink* sink_ = nullptr;
+  FakeTxnSink* txn_sink_ = nullptr;
+  ExactlyOnce* eos_ = nullptr;
   FakeMarker marker_;
+  Journal* journal_ = nullptr;
   std::atomic<int64_t> marker_error_{0};
   std::vector<std::unique_ptr<FakeSource>> sources_;  // before session_: destroyed after it
   std::optional<StreamSession> session_;
