@@ -18,8 +18,8 @@
 #include "outbox_relay/pg/connection.h"
 #include "outbox_relay/pg/publication.h"
 #include "outbox_relay/pg/replication.h"
-#include "outbox_relay/pipeline/kafka_progress.h"
 #include "outbox_relay/pg/rows.h"
+#include "outbox_relay/pipeline/kafka_progress.h"
 
 namespace outbox_relay::app {
 

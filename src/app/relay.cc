@@ -588,9 +588,10 @@ int Relay::Run(const std::atomic<bool>& stop) {
       // slot is this instance's, it fences the other (a thawed zombie that
       // fenced it); if not, it is the other's standby, and initialises its
       // transactions only when it takes over.
-      spdlog::warn("this relay was replaced ({}); the Kafka producer is replaced, and the relay "
-                   "resumes from slot {} if it is still its own, else waits as a standby",
-                   err.message, config_.slot);
+      spdlog::warn(
+          "this relay was replaced ({}); the Kafka producer is replaced, and the relay "
+          "resumes from slot {} if it is still its own, else waits as a standby",
+          err.message, config_.slot);
       session.reset();
       source.reset();
       if (auto code = restart_pipeline(nullptr, err.message)) return *code;
@@ -663,6 +664,13 @@ Status Relay::Stream(std::optional<pipeline::StreamSession>* session,
   // must not fence the instance that took over meanwhile).
   if (facts) {
     if (!transactions_ready_) {
+      if constexpr (failpoint::kCompiledIn) {
+        if (auto secs = failpoint::Active("stall-before-init"); secs && !stalled_before_init_) {
+          stalled_before_init_ = true;
+          spdlog::warn("TEST FAULT stall-before-init: {} s before fencing", *secs);
+          std::this_thread::sleep_for(std::chrono::seconds(std::stoi(std::string(*secs))));
+        }
+      }
       if (auto st = CheckSlotHeld(); !st) return st;
     }
     if (auto st = EnsureTransactions(&*facts); !st) return st;

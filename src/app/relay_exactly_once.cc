@@ -130,10 +130,11 @@ Status Relay::EnsureTransactions(const pipeline::ProgressFacts* known) {
     }
     // A promotion, a restore or a recreated slot: what the progress proves
     // is judged again on the history the server has now.
-    spdlog::warn("exactly-once: the server's history (timeline {} -> {}) or the slot's "
-                 "incarnation ({} -> {}) changed: the progress is trusted anew",
-                 eos->facts().history.timeline, facts.history.timeline, eos->facts().incarnation,
-                 facts.incarnation);
+    spdlog::warn(
+        "exactly-once: the server's history (timeline {} -> {}) or the slot's "
+        "incarnation ({} -> {}) changed: the progress is trusted anew",
+        eos->facts().history.timeline, facts.history.timeline, eos->facts().incarnation,
+        facts.incarnation);
     return eos->Rebase(facts);
   }
   if (kafka_producer_ == nullptr) {

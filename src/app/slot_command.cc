@@ -331,8 +331,8 @@ std::string FormatSlotReportText(const SlotReport& r) {
       line("(none)", "no committed progress: the relay never committed in exactly-once mode");
     } else {
       const pipeline::KafkaProgress& k = *r.kafka->progress;
-      line("relay", r.kafka->owner.empty() ? "(not said: a record of an older relay)"
-                                           : r.kafka->owner);
+      line("relay",
+           r.kafka->owner.empty() ? "(not said: a record of an older relay)" : r.kafka->owner);
       line("commit_lsn", r.kafka->timeline == 0
                              ? k.final_lsn.ToString()
                              : fmt::format("{} (timeline {})", k.final_lsn, r.kafka->timeline));
@@ -340,8 +340,8 @@ std::string FormatSlotReportText(const SlotReport& r) {
                                k.complete ? " (the whole transaction)" : " (more of it to come)"));
       if (k.backfill) line("backfill", BackfillText(*k.backfill));
       if (!k.unmarked.empty()) {
-        line("unmarked", fmt::format("{} runs of rows Kafka holds that may be unmarked",
-                                     k.unmarked.size()));
+        line("unmarked",
+             fmt::format("{} runs of rows Kafka holds that may be unmarked", k.unmarked.size()));
       }
       if (r.confirmed_flush_lsn) {
         line("vs the slot", fmt::format("confirmed_flush_lsn {}: what lies between is sent again "

@@ -126,8 +126,7 @@ Result<WindowRead> ReadWindow(rd_kafka_t* rk, const std::string& topic, int32_t 
   PartitionListHandle assignment(rd_kafka_topic_partition_list_new(1));
   rd_kafka_topic_partition_list_add(assignment.get(), topic.c_str(), partition)->offset = start;
   if (rd_kafka_resp_err_t e = rd_kafka_assign(rk, assignment.get())) {
-    return Fail(ErrorCode::kTransient, "progress topic {}: assign: {}", topic,
-                rd_kafka_err2str(e));
+    return Fail(ErrorCode::kTransient, "progress topic {}: assign: {}", topic, rd_kafka_err2str(e));
   }
   WindowRead out;
   auto deadline = Clock::now() + timeout;
@@ -192,8 +191,8 @@ Result<std::unique_ptr<KafkaProgressLog>> KafkaProgressLog::Create(ProgressLogOp
   if (!committed) return std::unexpected(committed.error());
   auto uncommitted = MakeConsumer(log->options_.connection, false);
   if (!uncommitted) return std::unexpected(uncommitted.error());
-  log->clients_ = std::make_unique<Clients>(
-      Clients{std::move(*committed), std::move(*uncommitted)});
+  log->clients_ =
+      std::make_unique<Clients>(Clients{std::move(*committed), std::move(*uncommitted)});
   return log;
 }
 
@@ -235,16 +234,16 @@ Result<std::optional<std::string>> KafkaProgressLog::ReadLast(const std::string&
   }
   auto legacy = ReadFrom(options_.legacy_topic, key, &found);
   if (legacy && found) {
-    spdlog::info("exactly-once: the progress was read from {}, where earlier versions kept it; "
-                 "it goes to {} from now on",
-                 options_.legacy_topic, options_.topic);
+    spdlog::info(
+        "exactly-once: the progress was read from {}, where earlier versions kept it; "
+        "it goes to {} from now on",
+        options_.legacy_topic, options_.topic);
   }
   return legacy;
 }
 
 Result<std::optional<std::string>> KafkaProgressLog::ReadFrom(const std::string& topic,
-                                                              const std::string& key,
-                                                              bool* found) {
+                                                              const std::string& key, bool* found) {
   rd_kafka_t* committed = clients_->committed.get();
   rd_kafka_t* uncommitted = clients_->uncommitted.get();
   auto partitions = Partitions(committed, topic, options_.timeout);
@@ -270,9 +269,10 @@ Result<std::optional<std::string>> KafkaProgressLog::ReadFrom(const std::string&
                     topic, p, o.stable, o.high, options_.open_wait.count() / 1000);
       }
       if (!said) {
-        spdlog::warn("progress topic {} [{}]: another producer's transaction is open (last stable "
-                     "offset {}, end {}); waiting for it before reading the progress",
-                     topic, p, o.stable, o.high);
+        spdlog::warn(
+            "progress topic {} [{}]: another producer's transaction is open (last stable "
+            "offset {}, end {}); waiting for it before reading the progress",
+            topic, p, o.stable, o.high);
         said = true;
       }
       std::this_thread::sleep_for(milliseconds(100));

@@ -64,18 +64,17 @@ Status ExactlyOnce::Trust(const std::optional<std::string>& value, const Progres
   committed_ = std::move(trusted);
   pending_ = committed_;
   pending_.unmarked.Clear();
-  spdlog::info("exactly-once: transactional.id {}, timeline {}; Kafka holds up to {} (rows {}{}){}{}",
-               facts_.key, facts_.history.timeline, committed_.final_lsn, committed_.rows,
-               committed_.complete ? ", complete" : "",
-               committed_.backfill ? fmt::format("; backfill of {} up to ({}, {})",
-                                                 committed_.backfill->snapshot,
-                                                 committed_.backfill->transaction_id,
-                                                 committed_.backfill->offset)
-                                   : "",
-               committed_.unmarked.empty()
-                   ? ""
-                   : fmt::format("; {} runs of rows it holds may be unmarked",
-                                 committed_.unmarked.size()));
+  spdlog::info(
+      "exactly-once: transactional.id {}, timeline {}; Kafka holds up to {} (rows {}{}){}{}",
+      facts_.key, facts_.history.timeline, committed_.final_lsn, committed_.rows,
+      committed_.complete ? ", complete" : "",
+      committed_.backfill
+          ? fmt::format("; backfill of {} up to ({}, {})", committed_.backfill->snapshot,
+                        committed_.backfill->transaction_id, committed_.backfill->offset)
+          : "",
+      committed_.unmarked.empty()
+          ? ""
+          : fmt::format("; {} runs of rows it holds may be unmarked", committed_.unmarked.size()));
   return Ok();
 }
 

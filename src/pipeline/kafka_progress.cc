@@ -188,8 +188,8 @@ std::string EncodeProgress(const ProgressRecord& r) {
   std::string out = fmt::format(R"({{"v":1,"format":{},"key":{})", kProgressFormat, Quoted(r.key));
   if (r.owner) {
     out += fmt::format(R"(,"relay":{{"system_id":{},"database":{},"slot":{},"incarnation":{}}})",
-                       Quoted(r.owner->system_id), Quoted(r.owner->database),
-                       Quoted(r.owner->slot), Quoted(r.incarnation));
+                       Quoted(r.owner->system_id), Quoted(r.owner->database), Quoted(r.owner->slot),
+                       Quoted(r.incarnation));
   }
   if (r.history.timeline != 0) {
     out += fmt::format(R"(,"timeline":{},"history":[)", r.history.timeline);
@@ -325,28 +325,31 @@ Result<KafkaProgress> TrustedProgress(const ProgressRecord& record, const Progre
   }
   if (!record.owner &&
       record.key != DefaultTransactionalId(facts.me.system_id, facts.me.database, facts.me.slot)) {
-    say(fmt::format("a format-{} record under {} does not say whose it is: nothing of it is "
+    say(
+        fmt::format("a format-{} record under {} does not say whose it is: nothing of it is "
                     "trusted (what the slot sends again is produced again)",
                     record.format, record.key));
     return KafkaProgress{};
   }
   KafkaProgress p = record.progress;
   Lsn fork = DivergencePoint(record.history, facts.history);
-  if (facts.wal_end.valid() && p.final_lsn > facts.wal_end) {
-    // Logical decoding sends only flushed WAL: a server that has less than
-    // the relay published was restored onto the same timeline.
-    say(fmt::format("the record's position {} lies beyond the server's WAL end {} (a restore?): "
-                    "nothing of it is trusted",
-                    p.final_lsn, facts.wal_end));
-    return KafkaProgress{};
-  }
   if (p.final_lsn.valid() && p.final_lsn >= fork) {
-    say(fmt::format("the record's position {} on timeline {} lies past the point {} where the "
+    say(
+        fmt::format("the record's position {} on timeline {} lies past the point {} where the "
                     "server's history (timeline {}) parts from it: trusted below {} only",
                     p.final_lsn, record.history.timeline, fork, facts.history.timeline, fork));
     p.final_lsn = fork;
     p.rows = 0;
     p.complete = false;
+  }
+  if (facts.wal_end.valid() && p.final_lsn > facts.wal_end) {
+    // Logical decoding sends only flushed WAL: a server that has less than
+    // the relay published, on the same history, was restored onto it.
+    say(
+        fmt::format("the record's position {} lies beyond the server's WAL end {} (a restore?): "
+                    "nothing of it is trusted",
+                    p.final_lsn, facts.wal_end));
+    return KafkaProgress{};
   }
   size_t before = p.unmarked.size();
   p.unmarked.KeepBelow(fork);

@@ -31,10 +31,10 @@
 #include "outbox_relay/app/sampler.h"
 #include "outbox_relay/app/signals.h"
 #include "outbox_relay/core/result.h"
+#include "outbox_relay/kafka/progress_log.h"
 #include "outbox_relay/marker/marker.h"
 #include "outbox_relay/marker/watermill_progress.h"
 #include "outbox_relay/metrics/http_server.h"
-#include "outbox_relay/kafka/progress_log.h"
 #include "outbox_relay/metrics/metrics.h"
 #include "outbox_relay/pg/replication.h"
 #include "outbox_relay/pipeline/publisher.h"
@@ -140,7 +140,7 @@ class Relay {
   // topic's max.message.bytes asked for (0: the default).
   std::string transactional_id_;
   kafka::KafkaProducer* kafka_producer_ = nullptr;  // the attached sink, when it is Kafka's
-  bool transactions_ready_ = false;  // the unit started for the attached producer
+  bool transactions_ready_ = false;                 // the unit started for the attached producer
   int64_t required_batch_size_ = 0;
   // --table-mode=watermill: the consumer group's positions (marker thread)
   // and the tables, their backfill and their joining.
@@ -150,6 +150,7 @@ class Relay {
   uint32_t timeline_ = 0;                         // the timeline the last stream read (0: none yet)
   std::atomic<int64_t> last_marker_error_ns_{0};  // the marker thread writes; steady clock
   uint64_t fatal_after_ = 0;                      // test failpoint (OUTBOX_TEST_FAULT)
+  bool stalled_before_init_ = false;              // test failpoint, once
   int last_walsender_pid_ = 0;                    // of our last replication connection
 
   std::thread watchdog_;  // touches tracker_ only

@@ -45,7 +45,7 @@ struct SlotCommandConfig {
   // status: the exactly-once progress in Kafka (read when brokers are given;
   // TLS/SASL from OUTBOX_KAFKA_PROPERTIES as `run` reads them).
   std::string kafka_brokers;
-  std::string progress_topic;  // "": the relay's own (pipeline::DefaultProgressTopic)
+  std::string progress_topic;    // "": the relay's own (pipeline::DefaultProgressTopic)
   std::string transactional_id;  // "" = derived as `run` derives it
   LogConfig log;
 };

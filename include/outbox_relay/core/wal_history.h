@@ -36,7 +36,7 @@ struct TimelineFork {
 };
 
 struct WalHistory {
-  uint32_t timeline = 0;               // the timeline written now (0: unknown)
+  uint32_t timeline = 0;                // the timeline written now (0: unknown)
   std::vector<TimelineFork> ancestors;  // oldest first
   bool operator==(const WalHistory&) const = default;
 };

@@ -72,8 +72,8 @@ class ExactlyOnce {
  public:
   // How a record reaches the sink: the publisher's Offer (waits while the
   // sink's queue is full, answering the walsender meanwhile).
-  using Offer = std::function<Status(const outbox::KafkaRecord&, tracking::Transaction*,
-                                     KeepAlive*)>;
+  using Offer =
+      std::function<Status(const outbox::KafkaRecord&, tracking::Transaction*, KeepAlive*)>;
   struct Parts {
     kafka::TransactionalSink* sink = nullptr;  // not owned (the publisher's)
     kafka::ProgressLog* log = nullptr;         // not owned
@@ -113,8 +113,7 @@ class ExactlyOnce {
   Result<Verdict> Admit(tracking::Transaction* tx, uint64_t row_index,
                         const outbox::RowIdentity& id);
   // Its record (or dead letter) was taken: the open Kafka transaction holds it.
-  void Produced(const tracking::Transaction& tx, uint64_t row_index,
-                const outbox::RowIdentity& id);
+  void Produced(const tracking::Transaction& tx, uint64_t row_index, const outbox::RowIdentity& id);
   // While a Kafka transaction is flushed, the next one's records wait here.
   bool deferring() const { return state_ == State::kFlushing; }
   void Defer(const outbox::KafkaRecord& record, tracking::Transaction* tx);

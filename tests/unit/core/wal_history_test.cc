@@ -23,8 +23,8 @@ TEST(WalHistory, ParsesTheServersHistoryFile) {
 }
 
 TEST(WalHistory, ABadLineIsRefusedByItsNumber) {
-  for (const char* text : {"x\t0/1\n", "1\tnope\n", "2\t0/5\n1\t0/6\n", "1\t0/6\n2\t0/5\n",
-                           "3\t0/5\n"}) {
+  for (const char* text :
+       {"x\t0/1\n", "1\tnope\n", "2\t0/5\n1\t0/6\n", "1\t0/6\n2\t0/5\n", "3\t0/5\n"}) {
     auto h = ParseTimelineHistory(3, text);
     ASSERT_FALSE(h) << text;
     EXPECT_EQ(h.error().code, ErrorCode::kProtocol);

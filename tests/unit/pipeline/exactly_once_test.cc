@@ -240,7 +240,8 @@ TEST(ExactlyOnce, AfterAPromotionTransactionsPastTheForkAreProducedNotSkipped) {
     probe.Connect(wal.From(fork));
     ASSERT_TRUE(Eventually([&] { return probe.tracker().confirmed() == LastEnd(wal); }));
     (void)probe.StopSession();
-    for (const auto& r : probe.sink().produced()) past_fork.insert(r.Header("_watermill_message_uuid"));
+    for (const auto& r : probe.sink().produced())
+      past_fork.insert(r.Header("_watermill_message_uuid"));
   }
   ASSERT_FALSE(past_fork.empty());
   ASSERT_LT(past_fork.size(), uuids.size());
@@ -250,8 +251,9 @@ TEST(ExactlyOnce, AfterAPromotionTransactionsPastTheForkAreProducedNotSkipped) {
   auto copies = Copies(kafka.committed());
   for (const auto& u : uuids) {
     EXPECT_EQ(copies[u], past_fork.contains(u) ? 2 : 1)
-        << u << (past_fork.contains(u) ? ": a new row on the new timeline, skipped (lost)"
-                                       : ": a row both timelines share, published twice");
+        << u
+        << (past_fork.contains(u) ? ": a new row on the new timeline, skipped (lost)"
+                                  : ": a row both timelines share, published twice");
   }
 }
 

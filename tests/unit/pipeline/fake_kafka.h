@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "outbox_relay/tracking/ack_tracker.h"
 #include "outbox_relay/kafka/sink.h"
+#include "outbox_relay/tracking/ack_tracker.h"
 
 namespace outbox_relay::pipeline::fakes {
 
@@ -40,15 +40,14 @@ struct Produced {
   }
 };
 
-
 // One step that survives a crash.
 struct Durable {
   enum class Kind { kCommit, kMark, kConfirm };
   Kind kind = Kind::kCommit;
-  std::vector<Produced> records;                 // kCommit: its data records
-  std::optional<std::string> progress;           // kCommit: its progress record
-  std::vector<tracking::RowRange> marked;        // kMark
-  Lsn confirmed;                                 // kConfirm
+  std::vector<Produced> records;           // kCommit: its data records
+  std::optional<std::string> progress;     // kCommit: its progress record
+  std::vector<tracking::RowRange> marked;  // kMark
+  Lsn confirmed;                           // kConfirm
 };
 
 class Journal {
@@ -69,7 +68,7 @@ class Journal {
 
 // What a crash after the first `n` journal events leaves behind.
 struct DurableState {
-  std::vector<Produced> committed;   // in Kafka, visible to read_committed consumers
+  std::vector<Produced> committed;  // in Kafka, visible to read_committed consumers
   std::optional<std::string> progress;
   std::vector<tracking::RowRange> marked;  // offset_acked in the table
   Lsn confirmed = Lsn(1);                  // the slot's confirmed_flush_lsn
@@ -188,7 +187,8 @@ class FakeTxnSink final : public kafka::TransactionalSink {
     {
       std::lock_guard lock(mu_);
       if (!initialised_) return Fail(ErrorCode::kFatal, "fake: produce before init");
-      if (!lanes_[open_].begun) return Fail(ErrorCode::kFatal, "fake: produce outside a transaction");
+      if (!lanes_[open_].begun)
+        return Fail(ErrorCode::kFatal, "fake: produce outside a transaction");
       Produced p;
       p.topic = std::string(record.topic);
       if (record.key) p.key = std::string(*record.key);

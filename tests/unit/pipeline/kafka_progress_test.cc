@@ -36,11 +36,10 @@ ProgressFacts Facts() {
 TEST(KafkaProgressCodec, RoundTripsWhoseItIsAndTheHistoryItIsOn) {
   ProgressRecord r = Record();
   std::string json = EncodeProgress(r);
-  EXPECT_EQ(json,
-            R"({"v":1,"format":2,"key":"outbox-relay.7301.orders.outbox_relay",)"
-            R"("relay":{"system_id":"7301","database":"orders","slot":"outbox_relay",)"
-            R"("incarnation":"0/16B3748"},"timeline":2,"history":[[1,"0/5000148"]],)"
-            R"("lsn":"16/B374D848","rows":12,"complete":false})");
+  EXPECT_EQ(json, R"({"v":1,"format":2,"key":"outbox-relay.7301.orders.outbox_relay",)"
+                  R"("relay":{"system_id":"7301","database":"orders","slot":"outbox_relay",)"
+                  R"("incarnation":"0/16B3748"},"timeline":2,"history":[[1,"0/5000148"]],)"
+                  R"("lsn":"16/B374D848","rows":12,"complete":false})");
   auto back = DecodeProgress(json);
   ASSERT_TRUE(back) << back.error().message;
   EXPECT_EQ(*back, r);

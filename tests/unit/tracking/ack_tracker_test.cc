@@ -411,7 +411,7 @@ TEST(AckTracker, AbortedKafkaTransactionAbandonsItsTransactionsUnmarked) {
   t.Hold(b);
   t.OnDelivered(a);
   t.OnDelivered(b);
-  t.ReleaseHold(a);  // a's Kafka transaction committed
+  t.ReleaseHold(a);    // a's Kafka transaction committed
   t.AbandonHeld({b});  // b's aborted: it comes again from the slot
   EXPECT_TRUE(b->abandoned);
   // (b leaves the tracker, unmarked, once a is marked: not read after this.)
