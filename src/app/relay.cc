@@ -9,6 +9,7 @@
 
 #include "outbox_relay/app/commands.h"
 #include "outbox_relay/app/failover.h"
+#include "outbox_relay/app/recovery.h"
 #include "outbox_relay/core/failpoint.h"
 #include "outbox_relay/kafka/admin.h"
 #include "outbox_relay/kafka/producer.h"
@@ -425,197 +426,150 @@ int Relay::Run(const std::atomic<bool>& stop) {
   }
   StartWatchdog();
 
-  int attempt = 0;
-  // Kafka did not acknowledge in time (the tracker's failure is retryable):
-  // restart the pipeline, or stop when even that fails.
-  auto restart_pipeline = [&](pipeline::StreamSession* live,
-                              std::string_view why = {}) -> std::optional<int> {
-    if (auto st = RestartPipeline(why); !st) {
-      if (st.error().code == ErrorCode::kCancelled) return Shutdown(live, true);
-      spdlog::error("{}", st.error().message);
-      return Shutdown(live, true);
-    }
-    SleepUnlessStopped(Backoff(attempt++), stop, stats_);
-    return std::nullopt;
-  };
+  // Attempts and recoveries (app/recovery.h): each attempt runs the phases in
+  // order, the slot's setup only when it is needed; whatever ends one is
+  // mapped to one recovery by Decide, applied here, and the next attempt
+  // starts again from the first phase.
+  int backoff = 0;
+  Phase phase = Phase::kSlotSetup;
   while (true) {
     if (stop.load()) return Shutdown(nullptr, false);
-    if (need_slot_setup_) {
-      auto st = slot_setup_->Run();
-      if (!st && (tracker_->failure_retryable() || st.error().code == ErrorCode::kFenced) &&
-          !stop.load()) {
-        // Kafka failed under the backfill, or (exactly-once) another instance
-        // fenced this producer: a new one; the backfill resumes from its
-        // stored snapshot, skipping what Kafka holds.
-        if (auto code = restart_pipeline(nullptr, st.error().message)) return *code;
-        continue;
-      }
-      if (!st) {
-        if (st.error().code == ErrorCode::kCancelled) return Shutdown(nullptr, false);
-        if (DispositionOf(st.error()) != Disposition::kRetry) {
-          spdlog::error("{}", st.error().message);
-          Shutdown(nullptr, true);
-          return ExitCodeOf(st.error());
-        }
-        if (st.error().code == ErrorCode::kSlotInUse) {
-          // Another instance sets the slot up (or backfills): we are its standby.
-          if (!stats_.standby.exchange(true)) {
-            spdlog::info("standby: {}; waiting to take over", st.error().message);
-          }
-          SleepUnlessStopped(milliseconds(2000), stop, stats_);
-          continue;
-        }
-        milliseconds wait = Backoff(attempt++);
-        spdlog::warn("slot setup: {} (retrying in {} ms)", st.error().message, wait.count());
-        SleepUnlessStopped(wait, stop, stats_);
-        continue;
-      }
-      need_slot_setup_ = false;
-      slot_setup_->Recovered();
-    }
-
-    if (watermill_) {
-      // Tables that joined meanwhile, their catch-ups, the group's positions.
-      auto st = watermill_->BeforeStream();
-      if (st && stop.load()) return Shutdown(nullptr, false);
-      if (!st && tracker_->failure_retryable() && !stop.load()) {
-        // Kafka failed under a table's catch-up: as under the backfill. The
-        // catch-up resumes from the group's position, which moves only past
-        // delivered pages.
-        if (auto code = restart_pipeline(nullptr)) return *code;
-        continue;
-      }
-      if (!st) {
-        if (DispositionOf(st.error()) != Disposition::kRetry) {
-          spdlog::error("{}", st.error().message);
-          Shutdown(nullptr, true);
-          return ExitCodeOf(st.error());
-        }
-        if (st.error().code == ErrorCode::kSlotInUse) {
-          if (!stats_.standby.exchange(true)) {
-            spdlog::info("standby: {}; waiting to take over", st.error().message);
-          }
-          SleepUnlessStopped(milliseconds(2000), stop, stats_);
-        } else {
-          milliseconds wait = Backoff(attempt++);
-          spdlog::warn("watermill tables: {} (retrying in {} ms)", st.error().message,
-                       wait.count());
-          SleepUnlessStopped(wait, stop, stats_);
-        }
-        continue;
-      }
-      watermill_->StartDiscovery();
-    }
-
     std::optional<pipeline::PgSource> source;
     std::optional<pipeline::StreamSession> session;
-    Status st = Stream(&session, &source);
-    if (st) return Shutdown(&*session, false);
-    const Error err = std::move(st).error();
+    Attempt attempt;
+    attempt.phase = phase;
+    if (Status st = RunPhase(phase, &session, &source); !st) attempt.error = st.error();
+    attempt.stop_requested = stop.load();
+    attempt.failure_retryable = tracker_->failure_retryable();
+    attempt.transactions_ready = transactions_ready_;
+    attempt.batch_size_required =
+        kafka_producer_ != nullptr && kafka_producer_->RequiredBatchSize().has_value();
+    attempt.end_requested = watermill_ && watermill_->end_requested()->load();
+    attempt.on_slot_lost = config_.on_slot_lost;
+    const Recovery recovery = Decide(attempt);
     pipeline::StreamSession* live = session ? &*session : nullptr;
-    if (tracker_->failure_retryable() && !stop.load()) {
-      // The open transaction was abandoned by Stream; the connection goes
-      // first, so the server resends from the confirmed position.
-      session.reset();
-      source.reset();
-      stats_.reconnects.fetch_add(1);
-      if (auto code = restart_pipeline(nullptr)) return *code;
-      continue;
+    const std::string why = attempt.error ? attempt.error->message : "";
+    if (!recovery.metric_reason.empty()) {
+      metrics_.CountError(recovery.metric_reason == "db_read"
+                              ? metrics::ErrorReason::kDbRead
+                              : metrics::ErrorReason::kKafkaUnavailable);
     }
-    if (err.code == ErrorCode::kCancelled) {
-      spdlog::info("{}", err.message);
-      return Shutdown(live, false);
-    }
-    if (watermill_ && err.code == ErrorCode::kTransient && watermill_->end_requested()->load()) {
-      // Asked for: tables join the publication before the next session.
-      spdlog::info("stream ended to let watermill tables join ({})", err.message);
-      session.reset();
-      source.reset();
-      Drain(milliseconds(5000));
-      continue;
-    }
-    if (err.code == ErrorCode::kSlotLost &&
-        config_.on_slot_lost == pipeline::OnSlotLost::kReconcile) {
-      spdlog::error("{}: recreating the slot and backfilling the unacked rows", err.message);
-      slot_setup_->CountLoss();
-      need_slot_setup_ = true;
-      // The new slot needs an empty tracker to start from its position.
-      session.reset();
-      source.reset();
-      Drain(milliseconds::max());
-      continue;
-    }
-    if (err.code == ErrorCode::kSlotLost) {
-      // --on-slot-lost=fail. The server's error alone ("can no longer get
-      // changes from replication slot") says neither what to do nor that
-      // nothing is lost: say it, as the check at start does.
-      spdlog::error(
-          "{}: replication slot {} is lost. Rows committed since are not (they are still unacked "
-          "in {}); restart with OUTBOX_ON_SLOT_LOST=reconcile (--on-slot-lost) to recreate the "
-          "slot and publish them",
-          err.message, config_.slot, config_.table_name.ToString());
-      return Shutdown(live, true);
-    }
-    // kFenced: exactly-once, another instance took the transactional.id over (below).
-    if (DispositionOf(err) != Disposition::kRetry && err.code != ErrorCode::kFenced) {
-      spdlog::error("{}", err.message);
-      Shutdown(live, true);
-      return ExitCodeOf(err);
-    }
-    if (err.code == ErrorCode::kAborted) {
-      // Exactly-once: a Kafka transaction aborted; its PostgreSQL transactions
-      // come again from the slot. Kafka's progress did not move, so whatever
-      // it already had is not produced twice. A topic that needs smaller
-      // batches than the producer makes needs a new producer (a transaction
-      // is one producer's).
-      metrics_.CountError(metrics::ErrorReason::kKafkaUnavailable);
-      spdlog::warn("{}", err.message);
-      if (auto wanted = kafka_producer_ ? kafka_producer_->RequiredBatchSize() : std::nullopt) {
-        required_batch_size_ = *wanted;
+    if (recovery.reconnect) stats_.reconnects.fetch_add(1);
+    switch (recovery.action) {
+      case Action::kNextPhase:
+        phase = phase == Phase::kSlotSetup ? Phase::kCatchUp : Phase::kStream;
+        continue;
+      case Action::kDone: {
+        if (!attempt.error) return Shutdown(live, false);
+        // A stop that gave something up (the open transaction, while Kafka took
+        // nothing): it is sent again after the restart, and the exit says so.
+        spdlog::info("{}", why);
+        int code = Shutdown(live, false);
+        return code == kExitOk && phase == Phase::kStream ? kExitFailure : code;
+      }
+      case Action::kStop:
+        if (attempt.error->code == ErrorCode::kSlotLost) {
+          // --on-slot-lost=fail. The server's error alone ("can no longer get
+          // changes from replication slot") says neither what to do nor that
+          // nothing is lost: say it, as the check at start does.
+          spdlog::error(
+              "{}: replication slot {} is lost. Rows committed since are not (they are still "
+              "unacked in {}); restart with OUTBOX_ON_SLOT_LOST=reconcile (--on-slot-lost) to "
+              "recreate the slot and publish them",
+              why, config_.slot, config_.table_name.ToString());
+        } else {
+          spdlog::error("{}", why);
+        }
+        Shutdown(live, true);
+        return ExitCodeOf(*attempt.error);
+      case Action::kRestartPipeline:
+        if (attempt.error->code == ErrorCode::kFenced ||
+            attempt.error->code == ErrorCode::kSlotInUse) {
+          spdlog::warn(
+              "this relay was replaced ({}); the Kafka producer is replaced, and the relay "
+              "resumes from slot {} if it is still its own, else waits as a standby",
+              why, config_.slot);
+        }
+        // The connection goes first, so the server resends from the confirmed position.
         session.reset();
         source.reset();
-        if (auto code = restart_pipeline(
-                nullptr, fmt::format("a topic needs batches of at most {} bytes", *wanted))) {
-          return *code;
+        if (auto st = RestartPipeline(attempt.failure_retryable ? "" : why); !st) {
+          if (st.error().code != ErrorCode::kCancelled) spdlog::error("{}", st.error().message);
+          return Shutdown(nullptr, true);
         }
-        continue;
+        SleepUnlessStopped(Backoff(backoff++), stop, stats_);
+        break;
+      case Action::kReconnect:
+        spdlog::warn("{}{}",
+                     attempt.error->code == ErrorCode::kAborted ? "" : "replication: ", why);
+        if (session) backoff = 0;  // it streamed: start the backoff over
+        // Close the replication connection now, not after the wait below: a
+        // server that is stopping waits for its walsender, which waits for us.
+        session.reset();
+        source.reset();
+        // Let what is in flight finish so the restart position covers it and
+        // nothing is sent twice; bounded, since Kafka may be the one that is down.
+        Drain(milliseconds(5000));
+        SleepUnlessStopped(Backoff(backoff++), stop, stats_);
+        break;
+      case Action::kStandby:
+        // Another instance holds the slot (or sets it up): we are its standby.
+        if (!stats_.standby.exchange(true)) {
+          spdlog::info("standby: {}; waiting to take over", why);
+        }
+        session.reset();
+        source.reset();
+        if (phase == Phase::kStream) Drain(milliseconds(5000));
+        SleepUnlessStopped(milliseconds(2000), stop, stats_);
+        break;
+      case Action::kRecreateSlot:
+        spdlog::error("{}: recreating the slot and backfilling the unacked rows", why);
+        slot_setup_->CountLoss();
+        need_slot_setup_ = true;
+        // The new slot needs an empty tracker to start from its position.
+        session.reset();
+        source.reset();
+        Drain(milliseconds::max());
+        break;
+      case Action::kRejoin:
+        // Asked for: tables join the publication before the next session.
+        spdlog::info("stream ended to let watermill tables join ({})", why);
+        session.reset();
+        source.reset();
+        Drain(milliseconds(5000));
+        break;
+      case Action::kRetry: {
+        milliseconds wait = Backoff(backoff++);
+        spdlog::warn("{}: {} (retrying in {} ms)",
+                     phase == Phase::kSlotSetup ? "slot setup" : "watermill tables", why,
+                     wait.count());
+        SleepUnlessStopped(wait, stop, stats_);
+        break;
       }
-    } else if (err.code == ErrorCode::kFenced ||
-               (err.code == ErrorCode::kSlotInUse && transactions_ready_)) {
-      // Exactly-once: another instance took the transactional.id over (it
-      // fenced this producer), or holds the slot now. Nothing more of this
-      // producer's can commit. A new producer, and the stream again: if the
-      // slot is this instance's, it fences the other (a thawed zombie that
-      // fenced it); if not, it is the other's standby, and initialises its
-      // transactions only when it takes over.
-      spdlog::warn(
-          "this relay was replaced ({}); the Kafka producer is replaced, and the relay "
-          "resumes from slot {} if it is still its own, else waits as a standby",
-          err.message, config_.slot);
-      session.reset();
-      source.reset();
-      if (auto code = restart_pipeline(nullptr, err.message)) return *code;
-      continue;
-    } else if (err.code == ErrorCode::kSlotInUse) {
-      if (!stats_.standby.exchange(true)) {
-        spdlog::info("standby: {}; waiting to take over", err.message);
-      }
-    } else {
-      metrics_.CountError(metrics::ErrorReason::kDbRead);
-      spdlog::warn("replication: {}", err.message);
     }
-    if (session) attempt = 0;  // it streamed: start the backoff over
-    stats_.reconnects.fetch_add(1);
-    // Close the replication connection now, not after the wait below: a
-    // server that is stopping waits for its walsender, which waits for us.
-    session.reset();
-    source.reset();
-    // Let what is in flight finish so the restart position covers it and
-    // nothing is sent twice; bounded, since Kafka may be the one that is down.
-    Drain(milliseconds(5000));
-    milliseconds wait = err.code == ErrorCode::kSlotInUse ? milliseconds(2000) : Backoff(attempt++);
-    SleepUnlessStopped(wait, stop, stats_);
+    phase = Phase::kSlotSetup;
   }
+}
+
+Status Relay::RunPhase(Phase phase, std::optional<pipeline::StreamSession>* session,
+                       std::optional<pipeline::PgSource>* source) {
+  switch (phase) {
+    case Phase::kSlotSetup:
+      if (!need_slot_setup_) return Ok();
+      if (auto st = slot_setup_->Run(); !st) return st;
+      need_slot_setup_ = false;
+      slot_setup_->Recovered();
+      return Ok();
+    case Phase::kCatchUp:
+      // Tables that joined meanwhile, their catch-ups, the group's positions.
+      if (!watermill_) return Ok();
+      if (auto st = watermill_->BeforeStream(); !st) return st;
+      watermill_->StartDiscovery();
+      return Ok();
+    case Phase::kStream:
+      return Stream(session, source);
+  }
+  return Ok();
 }
 
 Status Relay::Stream(std::optional<pipeline::StreamSession>* session,

@@ -28,6 +28,7 @@
 #include <thread>
 
 #include "outbox_relay/app/config.h"
+#include "outbox_relay/app/recovery.h"
 #include "outbox_relay/app/sampler.h"
 #include "outbox_relay/app/signals.h"
 #include "outbox_relay/core/result.h"
@@ -64,6 +65,9 @@ class Relay {
   Status Prepare();
   // --table-mode=seed: the table exists and has the columns.
   Status PrepareSeedTable(pg::Connection& conn);
+  // One phase of an attempt (app/recovery.h).
+  Status RunPhase(Phase phase, std::optional<pipeline::StreamSession>* session,
+                  std::optional<pipeline::PgSource>* source);
   // One replication connection, from START_REPLICATION to its end.
   Status Stream(std::optional<pipeline::StreamSession>* session,
                 std::optional<pipeline::PgSource>* source);
