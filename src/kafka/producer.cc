@@ -38,9 +38,9 @@ Error FatalError(rd_kafka_resp_err_t fatal, const char* reason, bool transaction
   const bool refused = fatal == RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED ||
                        fatal == RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED ||
                        fatal == RD_KAFKA_RESP_ERR_TRANSACTIONAL_ID_AUTHORIZATION_FAILED;
-  if (transactional && (fatal == RD_KAFKA_RESP_ERR__FENCED ||
-                        fatal == RD_KAFKA_RESP_ERR_PRODUCER_FENCED ||
-                        fatal == RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH)) {
+  if (transactional &&
+      (fatal == RD_KAFKA_RESP_ERR__FENCED || fatal == RD_KAFKA_RESP_ERR_PRODUCER_FENCED ||
+       fatal == RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH)) {
     // Another instance initialised the transactional.id: this producer is
     // done for, the relay is not (it replaces the producer, app/recovery.h).
     return Error{ErrorCode::kFenced, FatalErrorText(fatal, reason)};

@@ -8,7 +8,6 @@ namespace outbox_relay::pipeline {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 }  // namespace
@@ -155,7 +154,7 @@ std::chrono::steady_clock::time_point ExactlyOnce::CommitDueAt() const {
   if (state_ == State::kFlushing || state_ == State::kCommitting) {
     // The loop waits on the server meanwhile; the hand-over and the commit's
     // end (which the next commit waits for) are seen by looking again this soon.
-    return Clock::now() + kCommitPoll;
+    return parts_.stop->clock().Now() + kCommitPoll;
   }
   if (!txn_open_ || state_ != State::kIdle) return Clock::time_point::max();
   return txn_started_ + options_.interval;
@@ -173,7 +172,7 @@ Status ExactlyOnce::Join(tracking::Transaction* tx) {
     }
     txn_open_ = true;
     txn_rows_ = 0;
-    txn_started_ = Clock::now();
+    txn_started_ = parts_.stop->clock().Now();
   }
   if (txn_members_.empty() || txn_members_.back() != tx) {
     tracker_->Hold(tx);
@@ -214,7 +213,8 @@ Status ExactlyOnce::Tick(bool force) {
   if (!txn_open_ || state_ != State::kIdle) return Ok();
   // A full in-flight window commits at once: its records wait for nothing
   // else (the transactional linger is the interval; the commit sends them).
-  if (force || txn_rows_ >= options_.max_rows || Clock::now() - txn_started_ >= options_.interval ||
+  if (force || txn_rows_ >= options_.max_rows ||
+      parts_.stop->clock().Now() - txn_started_ >= options_.interval ||
       (parts_.in_flight_full && parts_.in_flight_full())) {
     return StartCommit();
   }
@@ -315,7 +315,7 @@ Status ExactlyOnce::RetryStep(const std::function<Status(milliseconds)>& step) c
     if (st || st.error().code != ErrorCode::kTransient) return st;
     if (giving_up_.load()) return Fail(ErrorCode::kCancelled, "given up: {}", st.error().message);
     if (parts_.stop->flag().load()) {
-      auto now = Clock::now();
+      auto now = parts_.stop->clock().Now();
       if (stop_seen == Clock::time_point{}) stop_seen = now;
       if (now - stop_seen >= parts_.stop_grace) {
         return Fail(ErrorCode::kCancelled, "stopping while Kafka does not commit: {}",
@@ -376,7 +376,7 @@ Status ExactlyOnce::StartCommit() {
   ending_members_ = std::exchange(txn_members_, {});
   txn_open_ = false;
   state_ = State::kFlushing;
-  commit_started_ = Clock::now();
+  commit_started_ = parts_.stop->clock().Now();
   handed_over_.store(false);
   worker_done_.store(false);
   if (worker_.joinable()) worker_.join();
@@ -439,7 +439,7 @@ Status ExactlyOnce::FinishWorker() {
     if (result) {
       parts_.metrics->kafka_transactions_committed().Increment();
       parts_.metrics->kafka_transaction_commit().Observe(
-          std::chrono::duration<double>(Clock::now() - commit_started_).count());
+          std::chrono::duration<double>(parts_.stop->clock().Now() - commit_started_).count());
       committed_.final_lsn = ending_progress_.final_lsn;
       committed_.rows = ending_progress_.rows;
       committed_.complete = ending_progress_.complete;
@@ -480,7 +480,7 @@ Status ExactlyOnce::FinishWorker() {
 }
 
 Status ExactlyOnce::Abort(milliseconds timeout) {
-  auto deadline = Clock::now() + timeout;
+  auto deadline = parts_.stop->clock().Now() + timeout;
   while (true) {
     // One handed over may still commit; what follows it is aborted.
     if (auto st = Poll(); !st && st.error().code != ErrorCode::kAborted) return st;
@@ -489,7 +489,7 @@ Status ExactlyOnce::Abort(milliseconds timeout) {
       StartAbort("the session ended");
       continue;
     }
-    if (Clock::now() >= deadline) {
+    if (parts_.stop->clock().Now() >= deadline) {
       return Fail(ErrorCode::kTransient, "the Kafka transaction did not end within {} ms",
                   timeout.count());
     }
@@ -498,7 +498,7 @@ Status ExactlyOnce::Abort(milliseconds timeout) {
 }
 
 Status ExactlyOnce::Finish(milliseconds timeout, KeepAlive* keep) {
-  auto deadline = Clock::now() + timeout;
+  auto deadline = parts_.stop->clock().Now() + timeout;
   while (true) {
     if (auto st = Poll(); !st) return st;
     if (state_ == State::kIdle) {
@@ -512,7 +512,7 @@ Status ExactlyOnce::Finish(milliseconds timeout, KeepAlive* keep) {
       if (auto st = Tick(/*force=*/true); !st) return st;
       continue;
     }
-    if (Clock::now() >= deadline) {
+    if (parts_.stop->clock().Now() >= deadline) {
       return Fail(ErrorCode::kTransient, "the Kafka transaction did not end within {} ms",
                   timeout.count());
     }

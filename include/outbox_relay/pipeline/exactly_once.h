@@ -119,6 +119,9 @@ class ExactlyOnce {
   void Defer(const outbox::KafkaRecord& record, tracking::Transaction* tx);
   int64_t deferred_bytes() const { return deferred_bytes_; }
   bool aborting() const { return state_ == State::kAborting; }
+  // A commit or an abort is under way; a Kafka transaction is open.
+  bool busy() const { return state_ != State::kIdle; }
+  bool has_open() const { return txn_open_; }
 
   // --- the sink's threads ----------------------------------------------------
   // A delivery report; true when it was this unit's to settle (a record that
@@ -137,7 +140,7 @@ class ExactlyOnce {
   // what it held is sent again.
   Status Abort(std::chrono::milliseconds timeout);
   // When the loop must look again (time_point::max(): nothing to wait for).
-  std::chrono::steady_clock::time_point CommitDueAt() const;
+  Clock::time_point CommitDueAt() const;
   // The transaction `tx` was read to its Commit.
   void NotePgCommit(tracking::Transaction* tx);
   // The backfill under way (its stored snapshot), or none.
@@ -187,8 +190,8 @@ class ExactlyOnce {
   State state_ = State::kIdle;
   bool txn_open_ = false;
   int64_t txn_rows_ = 0;
-  std::chrono::steady_clock::time_point txn_started_;  // its first row
-  std::chrono::steady_clock::time_point commit_started_;
+  Clock::time_point txn_started_;  // its first row
+  Clock::time_point commit_started_;
   std::vector<tracking::Transaction*> txn_members_;  // held until the commit
   // The Kafka transaction ending (kFlushing, kCommitting), or one whose
   // commit failed and is to be aborted with the open one: its members, what

@@ -53,10 +53,9 @@ std::map<std::string, int> Copies(const std::vector<fakes::Produced>& records) {
 
 // Every recorded row's uuid.
 std::vector<std::string> RecordedUuids(const FakeWalSender& wal) {
-  Pipeline p;
-  p.Connect(wal.From(Lsn(1)));
-  EXPECT_TRUE(Eventually([&] { return p.tracker().confirmed() == LastEnd(wal); }));
-  (void)p.StopSession();
+  Pipeline p(Pipeline::Stepped{});
+  p.Open(wal.From(Lsn(1)));
+  p.RunUntilIdle();
   std::vector<std::string> out;
   for (const auto& r : p.sink().produced()) out.push_back(r.Header("_watermill_message_uuid"));
   return out;
@@ -73,16 +72,28 @@ void ExpectEachOnce(const std::vector<fakes::Produced>& committed,
 }
 
 // One process: starts exactly-once on `kafka` as `facts` says, streams from
-// `start` to the end of the recording, and stops gracefully.
+// `start` to the end of the recording, and stops gracefully. Stepped on a
+// manual clock; `paced`: one message per millisecond, so that Kafka
+// transactions (a 5 ms interval), marks and confirmations interleave.
 void RunProcess(FakeKafka* kafka, const FakeWalSender& wal, Lsn start, int64_t max_rows,
                 const ProgressFacts& facts = Facts(), Journal* journal = nullptr,
-                std::chrono::microseconds pace = std::chrono::microseconds(0)) {
-  Pipeline p(kafka, Txn(max_rows), start, journal);
+                bool paced = false) {
+  Pipeline p(Pipeline::Stepped{}, Pipeline::DefaultOptions(), start, kafka, Txn(max_rows), journal);
   ASSERT_TRUE(p.StartTransactions(facts));
-  p.Connect(wal.From(start), std::nullopt, Pipeline::Session(), pace);
-  ASSERT_TRUE(Eventually([&] { return p.tracker().confirmed() == LastEnd(wal); }))
-      << "confirmed " << p.tracker().confirmed().ToString();
-  Status st = p.StopSession();
+  if (paced) {
+    fakes::FakeSource& source = p.Open({});
+    for (std::string& frame : wal.From(start)) {
+      source.Push(std::move(frame));
+      p.Advance(1ms);
+    }
+  } else {
+    p.Open(wal.From(start));
+    p.RunUntilIdle();
+  }
+  p.CommitAll();
+  p.Advance(30ms);  // the last marks, and the status update that confirms them
+  ASSERT_EQ(p.tracker().confirmed(), LastEnd(wal));
+  Status st = p.Stop();
   ASSERT_TRUE(st) << st.error().message;
   ASSERT_TRUE(p.EndTransactions(st));
 }
@@ -92,9 +103,7 @@ std::vector<fakes::Durable> JournalOfARun(const FakeWalSender& wal, int64_t max_
   Journal journal;
   FakeKafka kafka("relay.progress", &journal);
   kafka.set_key(kKey);
-  // A server slower than the commits: many Kafka transactions, marks and
-  // confirmations interleaved.
-  RunProcess(&kafka, wal, Lsn(1), max_rows, Facts(), &journal, std::chrono::microseconds(400));
+  RunProcess(&kafka, wal, Lsn(1), max_rows, Facts(), &journal, /*paced=*/true);
   return journal.events();
 }
 
@@ -236,10 +245,9 @@ TEST(ExactlyOnce, AfterAPromotionTransactionsPastTheForkAreProducedNotSkipped) {
   const Lsn fork = wal.transactions()[k - 1].end_lsn;
   std::set<std::string> past_fork;
   {
-    Pipeline probe;
-    probe.Connect(wal.From(fork));
-    ASSERT_TRUE(Eventually([&] { return probe.tracker().confirmed() == LastEnd(wal); }));
-    (void)probe.StopSession();
+    Pipeline probe(Pipeline::Stepped{});
+    probe.Open(wal.From(fork));
+    probe.RunUntilIdle();
     for (const auto& r : probe.sink().produced())
       past_fork.insert(r.Header("_watermill_message_uuid"));
   }
@@ -315,21 +323,27 @@ TEST(ExactlyOnce, AnAbortedKafkaTransactionIsSentAgainAndPublishedOnce) {
   kafka.set_key(kKey);
   Lsn resume;
   {
-    Pipeline p(&kafka, Txn(3), Lsn(1));
+    Pipeline p(Pipeline::Stepped{}, Pipeline::DefaultOptions(), Lsn(1), &kafka, Txn(3));
     ASSERT_TRUE(p.StartTransactions(Facts()));
     p.txn_sink().commit_fault = Error{ErrorCode::kAborted, "injected: the coordinator aborted it"};
-    p.Connect(wal.From(Lsn(1)));
-    Status st = p.WaitSession();
+    p.Open(wal.From(Lsn(1)));
+    p.Advance(10ms);
+    ASSERT_TRUE(p.done());
+    Status st = p.result();
     ASSERT_FALSE(st);
     EXPECT_EQ(st.error().code, ErrorCode::kAborted) << st.error().message;
     ASSERT_TRUE(p.EndTransactions(st));
     EXPECT_GE(p.txn_sink().aborts(), 1);
-    ASSERT_TRUE(Eventually([&] { return p.tracker().empty(); }));
+    p.MarkAll();
+    ASSERT_TRUE(p.tracker().empty());
     resume = p.tracker().confirmed();
     // The session goes on from the confirmed position, on the same producer.
-    p.Connect(wal.From(resume));
-    ASSERT_TRUE(Eventually([&] { return p.tracker().confirmed() == LastEnd(wal); }));
-    Status stopped = p.StopSession();
+    p.Open(wal.From(resume));
+    p.RunUntilIdle();
+    p.CommitAll();
+    p.Advance(30ms);
+    ASSERT_EQ(p.tracker().confirmed(), LastEnd(wal));
+    Status stopped = p.Stop();
     ASSERT_TRUE(stopped) << stopped.error().message;
     ASSERT_TRUE(p.EndTransactions(stopped));
   }
@@ -346,13 +360,14 @@ TEST(Fencing, AnInstanceFencedByANewerOnePublishesNothingAndTheNewerOneEverythin
   kafka.set_key(kKey);
   TransactionOptions slow = Txn(1000);
   slow.interval = 1h;  // the old one's Kafka transaction stays open
-  Pipeline old_one(&kafka, slow, Lsn(1));
+  Pipeline old_one(Pipeline::Stepped{}, Pipeline::DefaultOptions(), Lsn(1), &kafka, slow);
   ASSERT_TRUE(old_one.StartTransactions(Facts()));
-  old_one.Connect(wal.From(Lsn(1)));
-  ASSERT_TRUE(Eventually([&] { return old_one.txn_sink().size() == uuids.size(); }));
+  old_one.Open(wal.From(Lsn(1)));
+  old_one.RunUntilIdle();
+  ASSERT_EQ(old_one.txn_sink().size(), uuids.size());
 
   RunProcess(&kafka, wal, Lsn(1), 3);  // the new one: fences the old one at its start
-  Status stopped = old_one.StopSession();
+  Status stopped = old_one.Stop();
   ASSERT_TRUE(stopped);
   Status ended = old_one.EndTransactions(stopped);
   ASSERT_FALSE(ended);
@@ -382,14 +397,17 @@ TEST(ExactlyOnce, TheProgressListsTheRowsKafkaHoldsUntilTheyAreMarked) {
   FakeWalSender wal = FakeWalSender::Recorded();
   FakeKafka kafka("relay.progress");
   kafka.set_key(kKey);
-  Pipeline p(&kafka, Txn(1000), Lsn(1));
+  Pipeline p(Pipeline::Stepped{}, Pipeline::DefaultOptions(), Lsn(1), &kafka, Txn(1000));
   ASSERT_TRUE(p.StartTransactions(Facts()));
   const size_t k = 6;
   const Lsn first_part_end = wal.transactions()[k - 1].end_lsn;
   p.marker().Pause(true);
-  fakes::FakeSource& source = p.Connect(FramesThrough(wal, k));
-  ASSERT_TRUE(Eventually([&] { return kafka.commits() >= 1 && p.tracker().awaiting_mark() > 0; }));
-  ASSERT_TRUE(Eventually([&] { return p.tracker().DeliveredThrough() >= first_part_end; }))
+  fakes::FakeSource& source = p.Open(FramesThrough(wal, k));
+  p.RunUntilIdle();
+  p.CommitAll();
+  ASSERT_GE(kafka.commits(), 1);
+  ASSERT_GT(p.tracker().awaiting_mark(), 0u);
+  ASSERT_GE(p.tracker().DeliveredThrough(), first_part_end)
       << "every row of the first part committed";
   auto record = DecodeProgress(kafka.progress(kKey).value_or("{}"));
   ASSERT_TRUE(record) << record.error().message;
@@ -401,10 +419,14 @@ TEST(ExactlyOnce, TheProgressListsTheRowsKafkaHoldsUntilTheyAreMarked) {
   }
   const int commits = kafka.commits();
   p.marker().Pause(false);
-  ASSERT_TRUE(Eventually([&] { return p.tracker().confirmed() == first_part_end; }));
+  p.RunUntilIdle();
+  ASSERT_EQ(p.tracker().confirmed(), first_part_end);
   // The rest of the stream: the next records no longer list the first part.
   for (std::string& frame : wal.From(first_part_end)) source.Push(std::move(frame));
-  ASSERT_TRUE(Eventually([&] { return p.tracker().confirmed() == LastEnd(wal); }));
+  p.RunUntilIdle();
+  p.CommitAll();
+  p.RunUntilIdle();
+  ASSERT_EQ(p.tracker().confirmed(), LastEnd(wal));
   ASSERT_GT(kafka.commits(), commits);
   record = DecodeProgress(kafka.progress(kKey).value_or("{}"));
   ASSERT_TRUE(record) << record.error().message;

@@ -21,6 +21,7 @@
 
 #include "../pgoutput/golden_stream.h"
 #include "fake_kafka.h"
+#include "outbox_relay/core/clock.h"
 #include "outbox_relay/kafka/sink.h"
 #include "outbox_relay/metrics/metrics.h"
 #include "outbox_relay/pgoutput/decoder.h"
@@ -318,8 +319,12 @@ class FakeSink final : public kafka::Sink {
 // what is delivered and marks it, unless paused.
 class FakeMarker {
  public:
-  explicit FakeMarker(tracking::AckTracker* tracker, Journal* journal = nullptr)
+  // `threaded`: marks on a thread of its own, as the real marker; else only
+  // when the test calls MarkNow.
+  explicit FakeMarker(tracking::AckTracker* tracker, Journal* journal = nullptr,
+                      bool threaded = true)
       : tracker_(tracker), journal_(journal) {
+    if (!threaded) return;
     thread_ = std::thread([this] {
       std::vector<tracking::Transaction*> batch;
       while (!stop_) {
@@ -332,27 +337,24 @@ class FakeMarker {
         batch.clear();
         tracker_->TakeDelivered(&batch, 1000, 5ms);
         if (batch.empty()) continue;
-        {
-          std::lock_guard lock(mu_);
-          Durable d;
-          d.kind = Durable::Kind::kMark;
-          for (auto* tx : batch) {
-            for (const auto& run : tx->row_ranges) {
-              marked_.push_back(run);
-              d.marked.push_back(run);
-            }
-          }
-          // Marked in the table before the tracker learns it.
-          if (journal_ != nullptr) journal_->Add(std::move(d));
-        }
-        tracker_->OnMarked(batch);
+        Mark(batch);
       }
     });
   }
   ~FakeMarker() {
     stop_ = true;
     tracker_->Wake();
-    thread_.join();
+    if (thread_.joinable()) thread_.join();
+  }
+  // One round of marking, on the caller's thread (a marker made unthreaded);
+  // nothing while paused. True when it marked something.
+  bool MarkNow() {
+    if (paused_) return false;
+    std::vector<tracking::Transaction*> batch;
+    tracker_->TakeDelivered(&batch, 1000, std::chrono::milliseconds(0));
+    if (batch.empty()) return false;
+    Mark(batch);
+    return true;
   }
   // Returns once no round is in progress: nothing is marked after Pause(true).
   void Pause(bool paused) {
@@ -365,6 +367,23 @@ class FakeMarker {
   }
 
  private:
+  void Mark(const std::vector<tracking::Transaction*>& batch) {
+    {
+      std::lock_guard lock(mu_);
+      Durable d;
+      d.kind = Durable::Kind::kMark;
+      for (auto* tx : batch) {
+        for (const auto& run : tx->row_ranges) {
+          marked_.push_back(run);
+          d.marked.push_back(run);
+        }
+      }
+      // Marked in the table before the tracker learns it.
+      if (journal_ != nullptr) journal_->Add(std::move(d));
+    }
+    tracker_->OnMarked(batch);
+  }
+
   tracking::AckTracker* tracker_;
   Journal* journal_;
   std::atomic<bool> stop_{false};
@@ -390,6 +409,33 @@ inline bool Eventually(const std::function<bool()>& cond,
 // a FakeSink, a FakeMarker, and stream sessions run on a thread of their own.
 class Pipeline {
  public:
+  // A pipeline whose session the test steps itself (Open, RunUntilIdle,
+  // Advance) on a ManualClock, its marker marking in the same steps: no
+  // threads but the exactly-once commit worker, no sleeps.
+  struct Stepped {};
+  Pipeline(Stepped, PublisherOptions options = DefaultOptions(), Lsn start = Lsn(1),
+           FakeKafka* kafka = nullptr, TransactionOptions txn = {}, Journal* journal = nullptr)
+      : tracker_(start, /*marking=*/true),
+        metrics_("test"),
+        stop_(stop_flag_, clock_),
+        marker_(&tracker_, journal, /*threaded=*/false),
+        journal_(journal),
+        stepped_(true) {
+    auto publisher = Publisher::Create(std::move(options), &tracker_, &stats_, &metrics_, &stop_);
+    EXPECT_TRUE(publisher.has_value()) << publisher.error().message;
+    publisher_ = std::move(*publisher);
+    if (kafka == nullptr) {
+      auto sink = std::make_unique<FakeSink>(publisher_->DeliveryCallback());
+      sink_ = sink.get();
+      publisher_->AttachSink(std::move(sink));
+      return;
+    }
+    auto sink = std::make_unique<FakeTxnSink>(kafka, publisher_->DeliveryCallback());
+    txn_sink_ = sink.get();
+    publisher_->AttachSink(std::move(sink));
+    log_ = std::make_unique<FakeProgressLog>(kafka);
+    eos_ = publisher_->EnableTransactions(txn, txn_sink_, log_.get());
+  }
   explicit Pipeline(PublisherOptions options = DefaultOptions(), Lsn start = Lsn(1))
       : tracker_(start, /*marking=*/true), metrics_("test"), stop_(stop_flag_), marker_(&tracker_) {
     auto publisher = Publisher::Create(std::move(options), &tracker_, &stats_, &metrics_, &stop_);
@@ -471,6 +517,77 @@ class Pipeline {
     return *source;
   }
   bool done() const { return done_; }
+
+  // --- a Stepped pipeline -------------------------------------------------
+  // A new connection replaying `messages` and a session the test steps.
+  FakeSource& Open(std::vector<std::string> messages,
+                   std::optional<size_t> cut_after = std::nullopt,
+                   SessionOptions options = Session()) {
+    EXPECT_TRUE(stepped_);
+    sources_.push_back(std::make_unique<FakeSource>(std::move(messages), cut_after));
+    FakeSource* source = sources_.back().get();
+    source->journal = journal_;
+    session_.emplace(options, source, publisher_.get(), &tracker_, &stats_, &stop_, &marker_error_);
+    done_ = false;
+    result_ = Ok();
+    return *source;
+  }
+  // Steps the session (and the marker, unless paused) until it waits for
+  // the server, is held back, or ended; a Kafka commit under way on the
+  // worker thread is waited for. The session's end is in done() and result().
+  void RunUntilIdle() {
+    for (int turns = 0; turns < 1'000'000 && session_ && !done_; ++turns) {
+      bool marked = marker_.MarkNow();
+      auto step = session_->Step();
+      if (!step) {
+        result_ = std::unexpected(step.error());
+        Close();
+        return;
+      }
+      if (step->state == StreamSession::StepResult::kDone) {
+        result_ = Ok();
+        Close();
+        return;
+      }
+      if (step->state == StreamSession::StepResult::kBusy || marked) continue;
+      if (eos_ != nullptr && eos_->busy()) {
+        std::this_thread::sleep_for(std::chrono::microseconds(20));  // the commit worker
+        continue;
+      }
+      return;
+    }
+  }
+  // Time passes (status updates, the stop grace, a commit interval fall due).
+  void Advance(std::chrono::milliseconds d, std::chrono::milliseconds step = 1ms) {
+    for (auto passed = 0ms; passed < d; passed += step) {
+      clock_.Advance(step);
+      RunUntilIdle();
+    }
+  }
+  // Exactly-once: until every Kafka transaction committed (the interval passes).
+  void CommitAll() {
+    for (int i = 0; i < 10000 && eos_ != nullptr && (eos_->has_open() || eos_->busy()); ++i) {
+      Advance(1ms);
+    }
+  }
+  // A stop request, stepped to the session's end.
+  Status Stop(std::chrono::milliseconds limit = 60000ms) {
+    stop_flag_ = true;
+    for (auto waited = 0ms; session_ && !done_ && waited < limit; waited += 1ms) {
+      RunUntilIdle();
+      if (done_) break;
+      clock_.Advance(1ms);
+    }
+    return result_;
+  }
+  Status result() const { return result_; }
+  ManualClock& clock() { return clock_; }
+  // The marker marks everything delivered (a stepped pipeline's marker only
+  // marks when stepped).
+  void MarkAll() {
+    while (marker_.MarkNow()) {
+    }
+  }
   // Waits for the session to end by itself (an error).
   Status WaitSession() {
     EXPECT_TRUE(Eventually([&] { return done_.load(); }));
@@ -480,6 +597,7 @@ class Pipeline {
   }
   // Asks the session to stop and waits for it.
   Status StopSession() {
+    if (stepped_) return session_ ? Stop() : result_;
     if (!thread_.joinable()) return Ok();
     stop_flag_ = true;
     thread_.join();
@@ -495,10 +613,18 @@ class Pipeline {
   std::atomic<int64_t>& marker_error() { return marker_error_; }
 
  private:
+  // The session is done: what it left open is abandoned (the server sends it again).
+  void Close() {
+    if (auto* open = session_->TakeOpenTransaction()) tracker_.Abandon(open);
+    session_.reset();
+    done_ = true;
+  }
+
   tracking::AckTracker tracker_;
   RelayStats stats_;
   metrics::Metrics metrics_;
   std::atomic<bool> stop_flag_{false};
+  ManualClock clock_;
   StopSignal stop_;
   std::unique_ptr<FakeProgressLog> log_;  // before the publisher: its unit reads it
   std::unique_ptr<Publisher> publisher_;
@@ -507,6 +633,7 @@ class Pipeline {
   ExactlyOnce* eos_ = nullptr;
   FakeMarker marker_;
   Journal* journal_ = nullptr;
+  bool stepped_ = false;
   std::atomic<int64_t> marker_error_{0};
   std::vector<std::unique_ptr<FakeSource>> sources_;  // before session_: destroyed after it
   std::optional<StreamSession> session_;
