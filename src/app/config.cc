@@ -120,9 +120,9 @@ void AddRunFlags(CLI::App& app, RelayConfig& c) {
       ->envname("OUTBOX_TRANSACTIONAL_ID");
   app.add_option("--progress-topic", c.progress_topic,
                  "Exactly-once: compacted topic of the relay's progress, written in each Kafka "
-                 "transaction (created when missing)")
-      ->envname("OUTBOX_PROGRESS_TOPIC")
-      ->capture_default_str();
+                 "transaction (created when missing; empty: the relay's own, "
+                 "<transactional-id>.progress, which no other relay writes)")
+      ->envname("OUTBOX_PROGRESS_TOPIC");
   app.add_option("--txn-interval-ms", c.txn_interval_ms,
                  "Exactly-once: a Kafka transaction is committed this long after its first row")
       ->envname("OUTBOX_TXN_INTERVAL_MS")
@@ -587,10 +587,6 @@ Status Validate(RelayConfig& c) {
   if (c.delivery == DeliveryMode::kExactlyOnce) {
     if (c.sink != SinkKind::kKafka) {
       return BadSetting("--delivery", "OUTBOX_DELIVERY", "exactly-once needs --sink kafka");
-    }
-    if (c.progress_topic.empty()) {
-      return BadSetting("--progress-topic", "OUTBOX_PROGRESS_TOPIC",
-                        "empty with --delivery=exactly-once");
     }
     if (c.txn_interval_ms < 1 || c.txn_interval_ms > 60000) {
       return BadSetting("--txn-interval-ms", "OUTBOX_TXN_INTERVAL_MS", "must be 1..60000");

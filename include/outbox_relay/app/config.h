@@ -79,7 +79,7 @@ struct RelayConfig {
   SinkKind sink = SinkKind::kKafka;                    // --sink
   DeliveryMode delivery = DeliveryMode::kAtLeastOnce;  // --delivery
   std::string transactional_id;                        // "" = derived (system id, database, slot)
-  std::string progress_topic = "outbox-relay.progress";
+  std::string progress_topic;  // "": the relay's own (pipeline::DefaultProgressTopic)
   int64_t txn_interval_ms = 20;
   int64_t txn_max_rows = 10000;
   int64_t transaction_timeout_ms = 60000;
