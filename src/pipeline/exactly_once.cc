@@ -13,10 +13,7 @@ using std::chrono::milliseconds;
 }  // namespace
 
 ExactlyOnce::ExactlyOnce(TransactionOptions options, Parts parts)
-    : options_(std::move(options)),
-      parts_(std::move(parts)),
-      sink_(parts_.sink),
-      tracker_(parts_.tracker) {}
+    : options_(options), parts_(std::move(parts)), sink_(parts_.sink), tracker_(parts_.tracker) {}
 
 ExactlyOnce::~ExactlyOnce() {
   giving_up_.store(true);

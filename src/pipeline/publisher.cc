@@ -351,7 +351,7 @@ ExactlyOnce* Publisher::EnableTransactions(TransactionOptions options,
   parts.in_flight_full = [this] { return InFlightFull(); };
   parts.dead_letter_refused = options_.on_poison == OnPoison::kDeadLetter;
   parts.stop_grace = options_.stop_grace;
-  eos_ = std::make_unique<ExactlyOnce>(std::move(options), std::move(parts));
+  eos_ = std::make_unique<ExactlyOnce>(options, std::move(parts));
   return eos_.get();
 }
 
