@@ -26,8 +26,8 @@ std::string FatalErrorText(rd_kafka_resp_err_t fatal, const char* reason) {
 }
 
 // The producer's fatal error as the relay judges it. A transactional
-// producer's is fatal: its transactions end there (fenced: another instance
-// took its place). An idempotent producer's (at-least-once) is about its
+// producer's is fatal: its transactions end there (kFenced when another
+// instance took its place). An idempotent producer's (at-least-once) is about its
 // own bookkeeping of sequence numbers (a broker answering out of order: a
 // partition that lost acknowledged records, e.g. after an unclean leader
 // election; before librdkafka 2.3.0 also a failover that lost nothing,
@@ -40,6 +40,13 @@ Error FatalError(rd_kafka_resp_err_t fatal, const char* reason, bool transaction
   const bool refused = fatal == RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED ||
                        fatal == RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED ||
                        fatal == RD_KAFKA_RESP_ERR_TRANSACTIONAL_ID_AUTHORIZATION_FAILED;
+  if (transactional &&
+      (fatal == RD_KAFKA_RESP_ERR__FENCED || fatal == RD_KAFKA_RESP_ERR_PRODUCER_FENCED ||
+       fatal == RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH)) {
+    // Another instance initialised the transactional.id: this producer is
+    // done for, the relay is not (it replaces the producer, app/recovery.h).
+    return Error{ErrorCode::kFenced, FatalErrorText(fatal, reason)};
+  }
   if (transactional || refused) return Error{ErrorCode::kFatal, FatalErrorText(fatal, reason)};
   return Error{ErrorCode::kAborted,
                fmt::format("Kafka producer failed: {}: {}; a new producer sends what it held "
@@ -669,7 +676,7 @@ Error TxnError(rd_kafka_error_t* error, std::string_view what) {
   std::string text = rd_kafka_error_string(error);
   if (code == RD_KAFKA_RESP_ERR__FENCED || code == RD_KAFKA_RESP_ERR_PRODUCER_FENCED ||
       code == RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH) {
-    return Error{ErrorCode::kFatal,
+    return Error{ErrorCode::kFenced,
                  fmt::format("{}: this relay was replaced: another instance took over its "
                              "transactional.id and fenced it ({}); it publishes nothing more",
                              what, text)};
