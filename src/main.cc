@@ -28,12 +28,8 @@ int main(int argc, char** argv) {
   // with CLI::RuntimeError(exit code), which app.exit() below returns.
   outbox_relay::app::AddOpsCommands(app);
 
-  app.add_subcommand("version", "Print the version")->callback([] {
-    std::printf("outbox-relay %s\n", OUTBOX_RELAY_VERSION);
-    if constexpr (outbox_relay::failpoint::kCompiledIn) {
-      std::printf("a test build: failpoints compiled in (%s), not for production\n",
-                  outbox_relay::failpoint::kVariable);
-    }
+  app.add_subcommand("version", "Print the version and the libraries it runs with")->callback([] {
+    std::fputs(outbox_relay::app::VersionReport(OUTBOX_RELAY_VERSION).c_str(), stdout);
   });
 
   try {

@@ -7,7 +7,7 @@ them with no I/O library; this check keeps their sources from including one, or 
 module above them:
 
   - PostgreSQL, Kafka, logging, metrics and HTTP libraries (libpq, librdkafka,
-    spdlog, prometheus-cpp, civetweb);
+    spdlog, prometheus-cpp, Boost.Asio/Beast);
   - streams, files and the C I/O library (<iostream>, <fstream>, <cstdio>,
     <filesystem>, <stdio.h>);
   - sockets and the OS (<sys/...>, <unistd.h>, <netinet/...>, <arpa/...>,
@@ -36,7 +36,7 @@ FORBIDDEN = [
     (re.compile(r"^librdkafka/"), "librdkafka"),
     (re.compile(r"^spdlog/"), "logging (return an error; the caller logs)"),
     (re.compile(r"^prometheus/"), "metrics"),
-    (re.compile(r"^(civetweb|CivetServer)"), "the HTTP server"),
+    (re.compile(r"^(civetweb|CivetServer|boost/(asio|beast))"), "the HTTP server"),
     (re.compile(r"^(iostream|fstream|istream|ostream|cstdio|stdio\.h|filesystem)$"),
      "streams and files"),
     (re.compile(r"^(sys/|netinet/|arpa/)"), "the operating system's I/O"),

@@ -17,7 +17,9 @@
 #include "outbox_relay/outbox/record.h"
 #include "outbox_relay/pg/connection.h"
 #include "outbox_relay/pg/publication.h"
+#include "outbox_relay/pg/replication.h"
 #include "outbox_relay/pg/rows.h"
+#include "outbox_relay/pipeline/kafka_progress.h"
 
 namespace outbox_relay::app {
 
@@ -50,11 +52,23 @@ class Checker : CheckList {
   std::vector<CheckResult> Run() {
     Database();
     sample_.known = conn_ != nullptr && !table_oid_.empty() && all_columns_ok_;
+    if (r_.delivery == DeliveryMode::kExactlyOnce) sample_.transactional_id = TransactionalId();
     for (CheckResult& r : CheckKafka(c_, sample_)) out_.push_back(std::move(r));
     return std::move(out_);
   }
 
  private:
+  // Exactly-once: the transactional.id run uses ("" when it cannot be derived).
+  std::string TransactionalId() {
+    if (!r_.transactional_id.empty()) return r_.transactional_id;
+    auto repl = pg::Connection::Open(r_.database_url, pg::Connection::Mode::kReplication,
+                                     "outbox-relay-check");
+    if (!repl) return "";
+    auto identity = pg::IdentifySystem(*repl);
+    if (!identity) return "";
+    return pipeline::DefaultTransactionalId(identity->system_id, repl->database(), r_.slot);
+  }
+
   // --- PostgreSQL -------------------------------------------------------------
 
   void Database() {

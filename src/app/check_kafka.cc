@@ -1,6 +1,7 @@
 // `outbox-relay check`, its Kafka half: the brokers answer, the topics the
 // relay writes exist or will be created (check.h lists the lines).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <chrono>
 #include <map>
@@ -10,6 +11,8 @@
 #include "outbox_relay/app/check.h"
 #include "outbox_relay/kafka/admin.h"
 #include "outbox_relay/kafka/producer.h"
+#include "outbox_relay/kafka/progress_log.h"
+#include "outbox_relay/pipeline/kafka_progress.h"
 
 namespace outbox_relay::app {
 
@@ -65,7 +68,7 @@ class KafkaChecker : CheckList {
     if (r_.on_poison == pipeline::OnPoison::kDeadLetter) {
       Topic(r_.dlq_topic, "dead-letter topic", "");
     }
-    if (r_.delivery == DeliveryMode::kExactlyOnce) ProgressTopic(rk, timeout);
+    if (r_.delivery == DeliveryMode::kExactlyOnce) ProgressTopic(timeout);
     if (!sample_.known) return;
     if (sample_.rows == 0) {
       Ok("topics", "the table has no rows yet: no event types to check topics for");
@@ -94,28 +97,62 @@ class KafkaChecker : CheckList {
     }
   }
 
-  // --delivery=exactly-once: the progress topic must be compacted (run
-  // creates it so when it is missing).
-  void ProgressTopic(rd_kafka_t* rk, std::chrono::milliseconds timeout) {
-    const std::string name = "progress topic " + r_.progress_topic;
-    auto config = kafka::TopicConfig(rk, r_.progress_topic, timeout);
-    if (!config) {
-      Warn(name, fmt::format("its settings cannot be read: {}", config.error().message),
-           "grant DescribeConfigs on the topic, or check it by hand: cleanup.policy=compact");
-    } else if (!*config) {
+  // --delivery=exactly-once: the progress topic is compacted and never deleted
+  // from (run creates it so when it is missing), and no one else writes it (an
+  // open transaction of another producer would hold up every start).
+  void ProgressTopic(std::chrono::milliseconds timeout) {
+    const std::string& key = sample_.transactional_id;
+    if (r_.progress_topic.empty() && key.empty()) {
+      Warn("progress topic", "the transactional.id cannot be derived (PostgreSQL not reached)",
+           "fix the PostgreSQL checks above, or set --transactional-id");
+      return;
+    }
+    kafka::ProgressLogOptions lo;
+    lo.connection = ProducerOptionsOf(r_);
+    lo.topic = r_.progress_topic.empty() ? pipeline::DefaultProgressTopic(key) : r_.progress_topic;
+    lo.timeout = timeout;
+    const std::string name = "progress topic " + lo.topic;
+    auto log = kafka::KafkaProgressLog::Create(lo);
+    if (!log) {
+      Failed(name, log.error().message, "fix --kafka-property / OUTBOX_KAFKA_PROPERTIES");
+      return;
+    }
+    auto report = (*log)->Describe(timeout);
+    if (!report) {
+      Warn(name, fmt::format("cannot be described: {}", report.error().message),
+           "grant DescribeConfigs and Read on the topic, or check it by hand: "
+           "cleanup.policy=compact, written by this relay alone");
+      return;
+    }
+    if (!report->exists) {
       Ok(name, "does not exist; run creates it (1 partition, cleanup.policy=compact)");
-    } else if (auto it = (*config)->find("cleanup.policy");
-               it == (*config)->end() || it->second.find("compact") == std::string::npos) {
+      return;
+    }
+    if (report->cleanup_policy != "compact") {
       Failed(name,
              fmt::format("cleanup.policy={}: the progress would expire and rows already in "
                          "Kafka be produced again; run refuses it",
-                         it == (*config)->end() ? std::string("(unknown)") : it->second),
+                         report->cleanup_policy.empty() ? "(unknown)" : report->cleanup_policy),
              fmt::format("kafka-configs.sh --alter --entity-type topics --entity-name {} "
                          "--add-config cleanup.policy=compact",
-                         r_.progress_topic));
-    } else {
-      Ok(name, "exists, compacted (exactly-once progress)");
+                         lo.topic));
+      return;
     }
+    std::vector<std::string> others;
+    for (const std::string& k : report->keys) {
+      if (k != key) others.push_back(k);
+    }
+    if (!others.empty()) {
+      Warn(name,
+           fmt::format("other producers write it too (keys {}): while one of them has a "
+                       "transaction open there, this relay's start waits for it",
+                       fmt::join(others, ", ")),
+           "give each relay its own progress topic (leave --progress-topic empty: the default "
+           "is the relay's own)");
+      return;
+    }
+    Ok(name, fmt::format("exists, compacted, {} partition{}, written by this relay alone",
+                         report->partitions, report->partitions == 1 ? "" : "s"));
   }
 
   void Topic(const std::string& topic, const char* what, const std::string& note) {

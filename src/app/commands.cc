@@ -1,9 +1,12 @@
 #include "outbox_relay/app/commands.h"
 
+#include <libpq-fe.h>
+#include <librdkafka/rdkafka.h>
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <exception>
 #include <iterator>
@@ -14,6 +17,7 @@
 #include "outbox_relay/app/cleanup.h"
 #include "outbox_relay/app/replay.h"
 #include "outbox_relay/app/slot_command.h"
+#include "outbox_relay/core/failpoint.h"
 #include "outbox_relay/core/json.h"
 
 namespace outbox_relay::app {
@@ -104,6 +108,34 @@ std::string PrettyBytes(int64_t bytes) {
     ++unit;
   }
   return fmt::format("{:.1f} {}", v, kUnits[unit]);
+}
+
+std::string VersionReport(std::string_view relay_version) {
+  std::string features = "unknown";
+  if (rd_kafka_conf_t* conf = rd_kafka_conf_new()) {
+    std::array<char, 512> buf{};
+    size_t size = buf.size();
+    if (rd_kafka_conf_get(conf, "builtin.features", buf.data(), &size) == RD_KAFKA_CONF_OK) {
+      features = buf.data();
+      for (size_t at = features.find(','); at != std::string::npos;
+           at = features.find(',', at + 2)) {
+        features.insert(at + 1, " ");
+      }
+    }
+    rd_kafka_conf_destroy(conf);
+  }
+  // PQlibVersion(): major * 10000 + minor since PostgreSQL 10.
+  const int libpq = PQlibVersion();
+  std::string text =
+      fmt::format("outbox-relay {}\nlibrdkafka: {} ({})\nlibpq: {}.{}\n", relay_version,
+                  rd_kafka_version_str(), features, libpq / 10000, libpq % 10000);
+  if constexpr (failpoint::kCompiledIn) {
+    text += fmt::format("failpoints: compiled in ({}): a test build, not for production\n",
+                        failpoint::kVariable);
+  } else {
+    text += "failpoints: none (a production build)\n";
+  }
+  return text;
 }
 
 int ExitCodeOf(const Error& error) {

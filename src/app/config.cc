@@ -120,9 +120,9 @@ void AddRunFlags(CLI::App& app, RelayConfig& c) {
       ->envname("OUTBOX_TRANSACTIONAL_ID");
   app.add_option("--progress-topic", c.progress_topic,
                  "Exactly-once: compacted topic of the relay's progress, written in each Kafka "
-                 "transaction (created when missing)")
-      ->envname("OUTBOX_PROGRESS_TOPIC")
-      ->capture_default_str();
+                 "transaction (created when missing; empty: the relay's own, "
+                 "<transactional-id>.progress, which no other relay writes)")
+      ->envname("OUTBOX_PROGRESS_TOPIC");
   app.add_option("--txn-interval-ms", c.txn_interval_ms,
                  "Exactly-once: a Kafka transaction is committed this long after its first row")
       ->envname("OUTBOX_TXN_INTERVAL_MS")
@@ -217,8 +217,47 @@ void AddRunFlags(CLI::App& app, RelayConfig& c) {
       ->envname("OUTBOX_TOPIC_REPLICATION_FACTOR")
       ->capture_default_str();
   app.add_option("--metrics-addr", c.metrics_addr,
-                 "HTTP listener for /metrics, /healthz, /readyz (empty: off)")
+                 "HTTP listener for /metrics, /healthz, /readyz, host:port (empty: off). All "
+                 "addresses by default, as a pod needs (the kubelet probes from the node, "
+                 "Prometheus scrapes the pod IP); 127.0.0.1:9464 where nothing else must reach "
+                 "it")
       ->envname("OUTBOX_METRICS_ADDR")
+      ->capture_default_str();
+  app.add_option("--metrics-max-connections", c.metrics_max_connections,
+                 "Open connections to the HTTP listener, at most: a new one over the cap closes "
+                 "the oldest one that has not sent its request yet")
+      ->envname("OUTBOX_METRICS_MAX_CONNECTIONS")
+      ->capture_default_str();
+  app.add_option("--metrics-max-connections-per-client", c.metrics_max_connections_per_client,
+                 "Open connections to the HTTP listener from one client address, at most (over "
+                 "it, that client's oldest unfinished one is closed)")
+      ->envname("OUTBOX_METRICS_MAX_CONNECTIONS_PER_CLIENT")
+      ->capture_default_str();
+  app.add_option("--metrics-request-timeout-ms", c.metrics_request_timeout_ms,
+                 "A connection to the HTTP listener that has not sent its whole request this "
+                 "long after it was accepted is closed (idle, or sending its header slowly)")
+      ->envname("OUTBOX_METRICS_REQUEST_TIMEOUT_MS")
+      ->capture_default_str();
+  app.add_option("--metrics-label-cap", c.metrics_label_cap,
+                 "Label values taken from rows, at most: topics of "
+                 "outbox_forwarder_publish_duration_seconds, (topic, event_type) pairs of "
+                 "events_published_total. Further ones are counted under \"__overflow__\" "
+                 "(outbox_relay_metric_label_overflow_total), so no row can grow the process or "
+                 "Prometheus without bound")
+      ->envname("OUTBOX_METRICS_LABEL_CAP")
+      ->capture_default_str();
+  app.add_option("--max-topics", c.max_topics,
+                 "Distinct Kafka topics rows may go to (the topic comes from the row, through "
+                 "--topic-template): a row whose topic would be one more is poison (--on-poison), "
+                 "so no row can make the relay hold, and with --create-topics create, a topic per "
+                 "row")
+      ->envname("OUTBOX_MAX_TOPICS")
+      ->capture_default_str();
+  app.add_option("--readyz-stall-timeout-s", c.readyz_stall_timeout_s,
+                 "/readyz answers 503 once rows in flight have moved neither to Kafka nor past "
+                 "the slot for this long, or the marker (its statement, or a Watermill table's "
+                 "position) has failed for this long")
+      ->envname("OUTBOX_READYZ_STALL_TIMEOUT_S")
       ->capture_default_str();
   app.add_option("--row-count-interval-s", c.row_count_interval_s,
                  "How often outbox_rows_total is sampled from the table")
@@ -549,10 +588,6 @@ Status Validate(RelayConfig& c) {
     if (c.sink != SinkKind::kKafka) {
       return BadSetting("--delivery", "OUTBOX_DELIVERY", "exactly-once needs --sink kafka");
     }
-    if (c.progress_topic.empty()) {
-      return BadSetting("--progress-topic", "OUTBOX_PROGRESS_TOPIC",
-                        "empty with --delivery=exactly-once");
-    }
     if (c.txn_interval_ms < 1 || c.txn_interval_ms > 60000) {
       return BadSetting("--txn-interval-ms", "OUTBOX_TXN_INTERVAL_MS", "must be 1..60000");
     }
@@ -632,6 +667,30 @@ Status Validate(RelayConfig& c) {
   if (c.topic_replication_factor == 0 || c.topic_replication_factor < -1) {
     return BadSetting("--topic-replication-factor", "OUTBOX_TOPIC_REPLICATION_FACTOR",
                       "must be -1 (broker default) or >= 1");
+  }
+  if (c.metrics_max_connections < 2 || c.metrics_max_connections > 100000) {
+    return BadSetting("--metrics-max-connections", "OUTBOX_METRICS_MAX_CONNECTIONS",
+                      "must be 2..100000");
+  }
+  if (c.metrics_max_connections_per_client < 1 ||
+      c.metrics_max_connections_per_client > c.metrics_max_connections) {
+    return BadSetting(
+        "--metrics-max-connections-per-client", "OUTBOX_METRICS_MAX_CONNECTIONS_PER_CLIENT",
+        fmt::format("must be 1..--metrics-max-connections ({})", c.metrics_max_connections));
+  }
+  if (c.metrics_request_timeout_ms < 100 || c.metrics_request_timeout_ms > 60000) {
+    return BadSetting("--metrics-request-timeout-ms", "OUTBOX_METRICS_REQUEST_TIMEOUT_MS",
+                      "must be 100..60000");
+  }
+  if (c.metrics_label_cap < 1 || c.metrics_label_cap > 100000) {
+    return BadSetting("--metrics-label-cap", "OUTBOX_METRICS_LABEL_CAP", "must be 1..100000");
+  }
+  if (c.max_topics < 1 || c.max_topics > 1000000) {
+    return BadSetting("--max-topics", "OUTBOX_MAX_TOPICS", "must be 1..1000000");
+  }
+  if (c.readyz_stall_timeout_s < 1 || c.readyz_stall_timeout_s > 86400) {
+    return BadSetting("--readyz-stall-timeout-s", "OUTBOX_READYZ_STALL_TIMEOUT_S",
+                      "must be 1..86400");
   }
   if (c.row_count_interval_s < 1) {
     return BadSetting("--row-count-interval-s", "OUTBOX_ROW_COUNT_INTERVAL_S", "must be >= 1");

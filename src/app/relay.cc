@@ -9,9 +9,9 @@
 
 #include "outbox_relay/app/commands.h"
 #include "outbox_relay/app/failover.h"
+#include "outbox_relay/app/recovery.h"
 #include "outbox_relay/core/failpoint.h"
 #include "outbox_relay/kafka/admin.h"
-#include "outbox_relay/kafka/committed_reader.h"
 #include "outbox_relay/kafka/producer.h"
 #include "outbox_relay/pg/publication.h"
 #include "outbox_relay/pg/relay_schema.h"
@@ -92,7 +92,7 @@ milliseconds ParseTimeSetting(std::string_view text) {
 
 Relay::Relay(RelayConfig config)
     : config_(std::move(config)),
-      metrics_(config_.service),
+      metrics_(config_.service, static_cast<size_t>(config_.metrics_label_cap)),
       // The start position is set by SlotSetup from the slot itself.
       tracker_(std::make_unique<tracking::AckTracker>(kInvalidLsn, config_.mark)) {}
 
@@ -193,6 +193,7 @@ Status Relay::Prepare() {
   po.max_in_flight_bytes = config_.max_in_flight_bytes;
   po.max_awaiting_mark = static_cast<size_t>(config_.marker_batch) * 4;
   po.stop_grace = StopGrace(config_);
+  po.max_topics = static_cast<size_t>(config_.max_topics);
   auto publisher = pipeline::Publisher::Create(po, tracker_.get(), &stats_, &metrics_, &*stop_);
   if (!publisher) return std::unexpected(publisher.error());
   publisher_ = std::move(*publisher);
@@ -236,6 +237,18 @@ Status Relay::Prepare() {
     mo.rows_worth_two_statements = static_cast<uint64_t>(config_.marker_split_rows);
     mo.on_statement = [this] { metrics_.marker_statements().Increment(); };
     mo.on_marked = [this] { marked_.Ring(); };
+    mo.on_round = [this](const Status& round) {
+      if (round) {
+        marker_failing_since_ns_.store(0);
+        return;
+      }
+      metrics_.CountMarkerRoundFailed();
+      int64_t none = 0;
+      marker_failing_since_ns_.compare_exchange_strong(none,
+                                                       Clock::now().time_since_epoch().count());
+      std::lock_guard lock(readyz_mu_);
+      marker_failure_ = round.error().message;
+    };
     mo.network = config_.pg_network;
     marker_ = std::make_unique<marker::Marker>(mo, tracker_.get(), [this](const Error&) {
       metrics_.CountError(metrics::ErrorReason::kDbAck);
@@ -269,9 +282,10 @@ Status Relay::Prepare() {
 }
 
 Status Relay::AttachSink() {
-  auto sink = MakeRelaySink();
-  if (!sink) return std::unexpected(sink.error());
-  if (auto* producer = dynamic_cast<kafka::KafkaProducer*>(sink->get())) {
+  auto made = MakeRelaySink();
+  if (!made) return std::unexpected(made.error());
+  kafka_producer_ = made->kafka;
+  if (kafka::KafkaProducer* producer = made->kafka) {
     // Up to 10 s for a first answer, in slices: a stop request is not held up.
     Status reached = Fail(ErrorCode::kTransient, "no answer");
     for (int i = 0; i < 10 && !reached && !stop_->requested(); ++i) {
@@ -289,23 +303,23 @@ Status Relay::AttachSink() {
       publisher_->InjectFatalAfter(fatal_after_,
                                    [producer] { producer->InjectFatalErrorForTest(); });
     }
-    // Exactly-once: the transactions are initialised (fencing every other
-    // producer of the transactional.id) only once this instance owns the
-    // slot: EnsureTransactions, before the backfill and before streaming.
-    transactions_ready_ = false;
   } else {
     stats_.kafka_reachable.store(true);
   }
-  publisher_->AttachSink(std::move(*sink));
+  // Exactly-once: the transactions are initialised (fencing every other
+  // producer of the transactional.id) only once this instance owns the
+  // slot: EnsureTransactions, before the backfill and before streaming.
+  transactions_ready_ = false;
+  publisher_->AttachSink(std::move(made->sink));
   return Ok();
 }
 
-Status Relay::RestartPipeline() {
+Status Relay::RestartPipeline(std::string_view why) {
   auto t0 = Clock::now();
   spdlog::warn(
       "restarting the pipeline: {}. Nothing past {} is confirmed; the Kafka producer is "
       "replaced and the transactions in flight are sent again from the slot",
-      tracker_->failure().value_or("?"), tracker_->confirmed());
+      why.empty() ? tracker_->failure().value_or("?") : std::string(why), tracker_->confirmed());
   // After this no delivery report arrives: the old producer's records are
   // never counted, whatever the brokers did with them.
   publisher_->CloseSink();
@@ -425,308 +439,149 @@ int Relay::Run(const std::atomic<bool>& stop) {
   }
   StartWatchdog();
 
-  int attempt = 0;
-  // Kafka did not acknowledge in time (the tracker's failure is retryable):
-  // restart the pipeline, or stop when even that fails.
-  auto restart_pipeline = [&](pipeline::StreamSession* live) -> std::optional<int> {
-    if (auto st = RestartPipeline(); !st) {
-      if (st.error().code == ErrorCode::kCancelled) return Shutdown(live, true);
-      spdlog::error("{}", st.error().message);
-      return Shutdown(live, true);
-    }
-    SleepUnlessStopped(Backoff(attempt++), stop, stats_);
-    return std::nullopt;
-  };
+  // Attempts and recoveries (app/recovery.h): each attempt runs the phases in
+  // order, the slot's setup only when it is needed; whatever ends one is
+  // mapped to one recovery by Decide, applied here, and the next attempt
+  // starts again from the first phase.
+  int backoff = 0;
+  Phase phase = Phase::kSlotSetup;
   while (true) {
     if (stop.load()) return Shutdown(nullptr, false);
-    if (need_slot_setup_) {
-      auto st = slot_setup_->Run();
-      if (!st && tracker_->failure_retryable() && !stop.load()) {
-        if (auto code = restart_pipeline(nullptr)) return *code;
-        continue;
-      }
-      if (!st) {
-        if (st.error().code == ErrorCode::kCancelled) return Shutdown(nullptr, false);
-        if (DispositionOf(st.error()) != Disposition::kRetry) {
-          spdlog::error("{}", st.error().message);
-          Shutdown(nullptr, true);
-          return ExitCodeOf(st.error());
-        }
-        if (st.error().code == ErrorCode::kSlotInUse) {
-          // Another instance sets the slot up (or backfills): we are its standby.
-          if (!stats_.standby.exchange(true)) {
-            spdlog::info("standby: {}; waiting to take over", st.error().message);
-          }
-          SleepUnlessStopped(milliseconds(2000), stop, stats_);
-          continue;
-        }
-        milliseconds wait = Backoff(attempt++);
-        spdlog::warn("slot setup: {} (retrying in {} ms)", st.error().message, wait.count());
-        SleepUnlessStopped(wait, stop, stats_);
-        continue;
-      }
-      need_slot_setup_ = false;
-      slot_setup_->Recovered();
-    }
-
-    if (watermill_) {
-      // Tables that joined meanwhile, their catch-ups, the group's positions.
-      auto st = watermill_->BeforeStream();
-      if (st && stop.load()) return Shutdown(nullptr, false);
-      if (!st && tracker_->failure_retryable() && !stop.load()) {
-        // Kafka failed under a table's catch-up: as under the backfill. The
-        // catch-up resumes from the group's position, which moves only past
-        // delivered pages.
-        if (auto code = restart_pipeline(nullptr)) return *code;
-        continue;
-      }
-      if (!st) {
-        if (DispositionOf(st.error()) != Disposition::kRetry) {
-          spdlog::error("{}", st.error().message);
-          Shutdown(nullptr, true);
-          return ExitCodeOf(st.error());
-        }
-        if (st.error().code == ErrorCode::kSlotInUse) {
-          if (!stats_.standby.exchange(true)) {
-            spdlog::info("standby: {}; waiting to take over", st.error().message);
-          }
-          SleepUnlessStopped(milliseconds(2000), stop, stats_);
-        } else {
-          milliseconds wait = Backoff(attempt++);
-          spdlog::warn("watermill tables: {} (retrying in {} ms)", st.error().message,
-                       wait.count());
-          SleepUnlessStopped(wait, stop, stats_);
-        }
-        continue;
-      }
-      watermill_->StartDiscovery();
-    }
-
     std::optional<pipeline::PgSource> source;
     std::optional<pipeline::StreamSession> session;
-    Status st = Stream(&session, &source);
-    if (st) return Shutdown(&*session, false);
-    const Error err = std::move(st).error();
+    Attempt attempt;
+    attempt.phase = phase;
+    if (Status st = RunPhase(phase, &session, &source); !st) attempt.error = st.error();
+    attempt.stop_requested = stop.load();
+    attempt.failure_retryable = tracker_->failure_retryable();
+    attempt.transactions_ready = transactions_ready_;
+    attempt.batch_size_required =
+        kafka_producer_ != nullptr && kafka_producer_->RequiredBatchSize().has_value();
+    attempt.end_requested = watermill_ && watermill_->end_requested()->load();
+    attempt.on_slot_lost = config_.on_slot_lost;
+    const Recovery recovery = Decide(attempt);
     pipeline::StreamSession* live = session ? &*session : nullptr;
-    if (tracker_->failure_retryable() && !stop.load()) {
-      // The open transaction was abandoned by Stream; the connection goes
-      // first, so the server resends from the confirmed position.
-      session.reset();
-      source.reset();
-      stats_.reconnects.fetch_add(1);
-      if (auto code = restart_pipeline(nullptr)) return *code;
-      continue;
+    const std::string why = attempt.error ? attempt.error->message : "";
+    if (!recovery.metric_reason.empty()) {
+      metrics_.CountError(recovery.metric_reason == "db_read"
+                              ? metrics::ErrorReason::kDbRead
+                              : metrics::ErrorReason::kKafkaUnavailable);
     }
-    if (err.code == ErrorCode::kCancelled) {
-      spdlog::info("{}", err.message);
-      return Shutdown(live, false);
-    }
-    if (watermill_ && err.code == ErrorCode::kTransient && watermill_->end_requested()->load()) {
-      // Asked for: tables join the publication before the next session.
-      spdlog::info("stream ended to let watermill tables join ({})", err.message);
-      session.reset();
-      source.reset();
-      Drain(milliseconds(5000));
-      continue;
-    }
-    if (err.code == ErrorCode::kSlotLost &&
-        config_.on_slot_lost == pipeline::OnSlotLost::kReconcile) {
-      spdlog::error("{}: recreating the slot and backfilling the unacked rows", err.message);
-      slot_setup_->CountLoss();
-      need_slot_setup_ = true;
-      // The new slot needs an empty tracker to start from its position.
-      session.reset();
-      source.reset();
-      Drain(milliseconds::max());
-      continue;
-    }
-    if (err.code == ErrorCode::kSlotLost) {
-      // --on-slot-lost=fail. The server's error alone ("can no longer get
-      // changes from replication slot") says neither what to do nor that
-      // nothing is lost: say it, as the check at start does.
-      spdlog::error(
-          "{}: replication slot {} is lost. Rows committed since are not (they are still unacked "
-          "in {}); restart with OUTBOX_ON_SLOT_LOST=reconcile (--on-slot-lost) to recreate the "
-          "slot and publish them",
-          err.message, config_.slot, config_.table_name.ToString());
-      return Shutdown(live, true);
-    }
-    if (DispositionOf(err) != Disposition::kRetry) {
-      spdlog::error("{}", err.message);
-      Shutdown(live, true);
-      return ExitCodeOf(err);
-    }
-    if (err.code == ErrorCode::kAborted) {
-      // Exactly-once: a Kafka transaction aborted; its PostgreSQL transactions
-      // come again from the slot. Kafka's progress did not move, so whatever
-      // it already had is not produced twice.
-      metrics_.CountError(metrics::ErrorReason::kKafkaUnavailable);
-      spdlog::warn("{}", err.message);
-      if (auto recreated = RecreateSinkIfNeeded(); !recreated) {
-        spdlog::error("{}", recreated.error().message);
-        Shutdown(nullptr, true);
-        return ExitCodeOf(recreated.error());
+    if (recovery.reconnect) stats_.reconnects.fetch_add(1);
+    switch (recovery.action) {
+      case Action::kNextPhase:
+        phase = phase == Phase::kSlotSetup ? Phase::kCatchUp : Phase::kStream;
+        continue;
+      case Action::kDone: {
+        if (!attempt.error) return Shutdown(live, false);
+        // A stop that gave something up (the open transaction, while Kafka took
+        // nothing): it is sent again after the restart, and the exit says so.
+        spdlog::info("{}", why);
+        int code = Shutdown(live, false);
+        return code == kExitOk && phase == Phase::kStream ? kExitFailure : code;
       }
-    } else if (err.code == ErrorCode::kSlotInUse && transactions_ready_) {
-      // Exactly-once: this instance held the slot and initialised its
-      // transactions, and another one holds the slot now: that one took the
-      // transactional.id over and fenced this producer (a frozen instance
-      // thawed, a partitioned one reconnected). Nothing more of this one's
-      // can commit; it stops, and a restart makes it the new one's standby.
-      spdlog::error(
-          "this relay was replaced: another instance holds slot {} ({}) and took over the "
-          "transactional.id {}, which fences this one; exiting (a restart makes it a standby)",
-          config_.slot, err.message, transactional_id_);
-      Shutdown(live, true);
-      return kExitFailure;
-    } else if (err.code == ErrorCode::kSlotInUse) {
-      if (!stats_.standby.exchange(true)) {
-        spdlog::info("standby: {}; waiting to take over", err.message);
+      case Action::kStop:
+        if (attempt.error->code == ErrorCode::kSlotLost) {
+          // --on-slot-lost=fail. The server's error alone ("can no longer get
+          // changes from replication slot") says neither what to do nor that
+          // nothing is lost: say it, as the check at start does.
+          spdlog::error(
+              "{}: replication slot {} is lost. Rows committed since are not (they are still "
+              "unacked in {}); restart with OUTBOX_ON_SLOT_LOST=reconcile (--on-slot-lost) to "
+              "recreate the slot and publish them",
+              why, config_.slot, config_.table_name.ToString());
+        } else {
+          spdlog::error("{}", why);
+        }
+        Shutdown(live, true);
+        return ExitCodeOf(*attempt.error);
+      case Action::kRestartPipeline:
+        if (attempt.error->code == ErrorCode::kFenced ||
+            attempt.error->code == ErrorCode::kSlotInUse) {
+          spdlog::warn(
+              "this relay was replaced ({}); the Kafka producer is replaced, and the relay "
+              "resumes from slot {} if it is still its own, else waits as a standby",
+              why, config_.slot);
+        }
+        // The connection goes first, so the server resends from the confirmed position.
+        session.reset();
+        source.reset();
+        if (auto st = RestartPipeline(attempt.failure_retryable ? "" : why); !st) {
+          if (st.error().code != ErrorCode::kCancelled) spdlog::error("{}", st.error().message);
+          return Shutdown(nullptr, true);
+        }
+        SleepUnlessStopped(Backoff(backoff++), stop, stats_);
+        break;
+      case Action::kReconnect:
+        spdlog::warn("{}{}",
+                     attempt.error->code == ErrorCode::kAborted ? "" : "replication: ", why);
+        if (session) backoff = 0;  // it streamed: start the backoff over
+        // Close the replication connection now, not after the wait below: a
+        // server that is stopping waits for its walsender, which waits for us.
+        session.reset();
+        source.reset();
+        // Let what is in flight finish so the restart position covers it and
+        // nothing is sent twice; bounded, since Kafka may be the one that is down.
+        Drain(milliseconds(5000));
+        SleepUnlessStopped(Backoff(backoff++), stop, stats_);
+        break;
+      case Action::kStandby:
+        // Another instance holds the slot (or sets it up): we are its standby.
+        if (!stats_.standby.exchange(true)) {
+          spdlog::info("standby: {}; waiting to take over", why);
+        }
+        session.reset();
+        source.reset();
+        if (phase == Phase::kStream) Drain(milliseconds(5000));
+        SleepUnlessStopped(milliseconds(2000), stop, stats_);
+        break;
+      case Action::kRecreateSlot:
+        spdlog::error("{}: recreating the slot and backfilling the unacked rows", why);
+        slot_setup_->CountLoss();
+        need_slot_setup_ = true;
+        // The new slot needs an empty tracker to start from its position.
+        session.reset();
+        source.reset();
+        Drain(milliseconds::max());
+        break;
+      case Action::kRejoin:
+        // Asked for: tables join the publication before the next session.
+        spdlog::info("stream ended to let watermill tables join ({})", why);
+        session.reset();
+        source.reset();
+        Drain(milliseconds(5000));
+        break;
+      case Action::kRetry: {
+        milliseconds wait = Backoff(backoff++);
+        spdlog::warn("{}: {} (retrying in {} ms)",
+                     phase == Phase::kSlotSetup ? "slot setup" : "watermill tables", why,
+                     wait.count());
+        SleepUnlessStopped(wait, stop, stats_);
+        break;
       }
-    } else {
-      metrics_.CountError(metrics::ErrorReason::kDbRead);
-      spdlog::warn("replication: {}", err.message);
     }
-    if (session) attempt = 0;  // it streamed: start the backoff over
-    stats_.reconnects.fetch_add(1);
-    // Close the replication connection now, not after the wait below: a
-    // server that is stopping waits for its walsender, which waits for us.
-    session.reset();
-    source.reset();
-    // Let what is in flight finish so the restart position covers it and
-    // nothing is sent twice; bounded, since Kafka may be the one that is down.
-    Drain(milliseconds(5000));
-    milliseconds wait = err.code == ErrorCode::kSlotInUse ? milliseconds(2000) : Backoff(attempt++);
-    SleepUnlessStopped(wait, stop, stats_);
+    phase = Phase::kSlotSetup;
   }
 }
 
-Result<std::unique_ptr<kafka::Sink>> Relay::MakeRelaySink() {
-  auto on_error = [this](const Error&) {
-    metrics_.CountError(metrics::ErrorReason::kKafkaUnavailable);
-  };
-  if (config_.delivery != DeliveryMode::kExactlyOnce) {
-    return MakeSink(config_, publisher_->DeliveryCallback(), on_error);
+Status Relay::RunPhase(Phase phase, std::optional<pipeline::StreamSession>* session,
+                       std::optional<pipeline::PgSource>* source) {
+  switch (phase) {
+    case Phase::kSlotSetup:
+      if (!need_slot_setup_) return Ok();
+      if (auto st = slot_setup_->Run(); !st) return st;
+      need_slot_setup_ = false;
+      slot_setup_->Recovered();
+      return Ok();
+    case Phase::kCatchUp:
+      // Tables that joined meanwhile, their catch-ups, the group's positions.
+      if (!watermill_) return Ok();
+      if (auto st = watermill_->BeforeStream(); !st) return st;
+      watermill_->StartDiscovery();
+      return Ok();
+    case Phase::kStream:
+      return Stream(session, source);
   }
-  if (transactional_id_.empty()) {
-    auto id = TransactionalId();
-    if (!id) return std::unexpected(id.error());
-    transactional_id_ = *id;
-  }
-  kafka::ProducerOptions opts = ProducerOptionsOf(config_);
-  opts.transactional_id = transactional_id_;
-  opts.transaction_timeout = milliseconds(config_.transaction_timeout_ms);
-  opts.transaction_interval = milliseconds(config_.txn_interval_ms);
-  opts.batch_size = required_batch_size_;
-  auto producer = kafka::KafkaProducer::Create(opts, publisher_->DeliveryCallback(), on_error);
-  if (!producer) return std::unexpected(producer.error());
-  return std::unique_ptr<kafka::Sink>(std::move(*producer));
-}
-
-Result<std::string> Relay::TransactionalId() {
-  if (!config_.transactional_id.empty()) return config_.transactional_id;
-  // The cluster (its system identifier), the database and the slot: two
-  // relays of different databases never share a transactional.id, and an
-  // instance taking a slot over takes its predecessor's, fencing it.
-  auto repl = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kReplication);
-  if (!repl) return std::unexpected(repl.error());
-  auto identity = pg::IdentifySystem(*repl);
-  if (!identity) return std::unexpected(identity.error());
-  return pipeline::DefaultTransactionalId(identity->system_id, repl->database(), config_.slot);
-}
-
-pipeline::TransactionOptions Relay::TransactionOptionsOf() const {
-  pipeline::TransactionOptions to;
-  to.progress_topic = config_.progress_topic;
-  to.key = transactional_id_;
-  to.interval = milliseconds(config_.txn_interval_ms);
-  to.max_rows = config_.txn_max_rows;
-  if constexpr (failpoint::kCompiledIn) {
-    if (failpoint::Active("eos-no-skip")) {
-      spdlog::warn("TEST FAULT eos-no-skip: what Kafka already has is produced again");
-      to.skip_committed = false;
-    }
-  }
-  return to;
-}
-
-Status Relay::EnsureTransactions() {
-  if (config_.delivery != DeliveryMode::kExactlyOnce || transactions_ready_) return Ok();
-  auto* producer = dynamic_cast<kafka::KafkaProducer*>(publisher_->sink());
-  if (producer == nullptr) return Fail(ErrorCode::kFatal, "internal: exactly-once without Kafka");
-  if (auto st = PrepareTransactions(producer); !st) return st;
-  transactions_ready_ = true;
-  return Ok();
-}
-
-Status Relay::PrepareTransactions(kafka::KafkaProducer* producer) {
-  // Fence every earlier producer of this transactional.id (a frozen old
-  // instance) and complete what it left open; only then is Kafka's progress
-  // final enough to be read.
-  if (auto st = producer->InitTransactions(milliseconds(30000)); !st) return st;
-  rd_kafka_t* rk = producer->handle();
-  auto config = kafka::TopicConfig(rk, config_.progress_topic, milliseconds(10000));
-  if (!config) return std::unexpected(config.error());
-  if (!*config) {
-    if (auto st = kafka::CreateTopic(rk, config_.progress_topic, 1,
-                                     static_cast<int>(config_.topic_replication_factor),
-                                     milliseconds(10000), nullptr, {{"cleanup.policy", "compact"}});
-        !st) {
-      return st;
-    }
-    spdlog::info("created the progress topic {} (compacted)", config_.progress_topic);
-  } else if (auto it = (*config)->find("cleanup.policy");
-             it == (*config)->end() || it->second.find("compact") == std::string::npos) {
-    return Fail(ErrorCode::kInvalidArgument,
-                "invalid setting --progress-topic (OUTBOX_PROGRESS_TOPIC): topic {} has "
-                "cleanup.policy={}; the progress topic must be compacted (its old values would "
-                "otherwise expire, and the relay would produce again what Kafka has): "
-                "kafka-configs --alter --entity-type topics --entity-name {} --add-config "
-                "cleanup.policy=compact",
-                config_.progress_topic,
-                it == (*config)->end() ? std::string("(unknown)") : it->second,
-                config_.progress_topic);
-  }
-  auto value = kafka::ReadLastCommittedValue(ProducerOptionsOf(config_), config_.progress_topic,
-                                             transactional_id_, milliseconds(30000));
-  if (!value) return std::unexpected(value.error());
-  pipeline::KafkaProgress committed;
-  if (*value) {
-    auto decoded = pipeline::DecodeProgress(**value);
-    if (!decoded) {
-      return Fail(ErrorCode::kFatal, "the progress in {} for {} cannot be read: {}",
-                  config_.progress_topic, transactional_id_, decoded.error().message);
-    }
-    committed = *decoded;
-  }
-  publisher_->EnableTransactions(TransactionOptionsOf(), producer, committed);
-  spdlog::info("exactly-once: transactional.id {}; Kafka holds up to {} (rows {}{}){}",
-               transactional_id_, committed.final_lsn, committed.rows,
-               committed.complete ? ", complete" : "",
-               committed.backfill
-                   ? fmt::format("; backfill of {} up to ({}, {})", committed.backfill->snapshot,
-                                 committed.backfill->transaction_id, committed.backfill->offset)
-                   : "");
-  return Ok();
-}
-
-Status Relay::RecreateSinkIfNeeded() {
-  auto* producer = dynamic_cast<kafka::KafkaProducer*>(publisher_->sink());
-  if (producer == nullptr) return Ok();
-  auto wanted = producer->RequiredBatchSize();
-  if (!wanted) return Ok();
-  // Let the purged records' reports settle before the producer goes.
-  Drain(milliseconds(5000));
-  pipeline::KafkaProgress committed = publisher_->committed_progress();
-  required_batch_size_ = *wanted;
-  publisher_->CloseSink();
-  auto sink = MakeRelaySink();
-  if (!sink) return std::unexpected(sink.error());
-  auto* fresh = dynamic_cast<kafka::KafkaProducer*>(sink->get());
-  if (auto st = fresh->InitTransactions(milliseconds(30000)); !st) return st;
-  publisher_->EnableTransactions(TransactionOptionsOf(), fresh, committed);
-  publisher_->AttachSink(std::move(*sink));
-  spdlog::info("the transactional producer starts again with batch.size {}", *wanted);
   return Ok();
 }
 
@@ -744,7 +599,17 @@ Status Relay::Stream(std::optional<pipeline::StreamSession>* session,
   auto conn = pg::Connection::Open(config_.replication_url(), pg::Connection::Mode::kReplication,
                                    "outbox-relay", config_.pg_network);
   if (!conn) return std::unexpected(conn.error());
-  if (auto st = FollowPromotion(*conn); !st) return st;
+  auto identity = pg::IdentifySystem(*conn);
+  if (!identity) return std::unexpected(identity.error());
+  if (auto st = FollowPromotion(*identity); !st) return st;
+  // Exactly-once: the history the progress is trusted on, read before the
+  // connection turns into the stream.
+  std::optional<pipeline::ProgressFacts> facts;
+  if (config_.delivery == DeliveryMode::kExactlyOnce) {
+    auto f = ProgressFactsOf(*conn, *identity);
+    if (!f) return std::unexpected(f.error());
+    facts = std::move(*f);
+  }
   // Silence is judged against the server's own patience (Liveness).
   milliseconds wal_sender_timeout(0);
   if (auto shown = conn->Exec("SHOW wal_sender_timeout")) {
@@ -761,8 +626,22 @@ Status Relay::Stream(std::optional<pipeline::StreamSession>* session,
   if (!stream) return std::unexpected(stream.error());
   last_walsender_pid_ = stream->backend_pid();
   if (stats_.standby.exchange(false)) spdlog::info("slot {} is free: taking over", config_.slot);
-  // The slot is ours: only now may this instance fence the previous holder.
-  if (auto st = EnsureTransactions(); !st) return st;
+  // The slot is ours: only now may this instance fence the previous holder
+  // (and only while it still holds it: one frozen since START_REPLICATION
+  // must not fence the instance that took over meanwhile).
+  if (facts) {
+    if (!transactions_ready_) {
+      if constexpr (failpoint::kCompiledIn) {
+        if (auto secs = failpoint::Active("stall-before-init"); secs && !stalled_before_init_) {
+          stalled_before_init_ = true;
+          spdlog::warn("TEST FAULT stall-before-init: {} s before fencing", *secs);
+          std::this_thread::sleep_for(std::chrono::seconds(std::stoi(std::string(*secs))));
+        }
+      }
+      if (auto st = CheckSlotHeld(); !st) return st;
+    }
+    if (auto st = EnsureTransactions(&*facts); !st) return st;
+  }
   pipeline::SessionOptions so;
   so.receive_timeout = pipeline::Liveness::ForServer(milliseconds(config_.pg_receive_timeout_ms),
                                                      wal_sender_timeout);
@@ -772,13 +651,12 @@ Status Relay::Stream(std::optional<pipeline::StreamSession>* session,
   so.table = config_.table_name;
   so.columns = config_.columns;
   if (watermill_) {
-    so.tables = watermill_->tables();
+    so.tables = watermill_->routed_tables();
     so.processed = watermill_->positions();
     so.end_requested = watermill_->end_requested();
-    so.selects = [this](std::string_view schema, std::string_view name) {
-      if (!config_.watermill_settings.Selects(schema, name)) return false;
-      watermill_->RequestEnd();
-      return true;
+    so.unrouted = [this](std::string_view schema, std::string_view name,
+                         const pipeline::OutboxTable* previous) {
+      return watermill_->OnUnrouted(schema, name, previous);
     };
     if (watermill_progress_) watermill_progress_->SetStreaming(true);
   }
@@ -822,8 +700,14 @@ void Relay::Drain(milliseconds bound) {
 
 Status Relay::StartHttp() {
   if (config_.metrics_addr.empty()) return Ok();
+  metrics::HttpOptions options;
+  options.address = config_.metrics_addr;
+  options.max_connections = static_cast<size_t>(config_.metrics_max_connections);
+  options.max_connections_per_client =
+      static_cast<size_t>(config_.metrics_max_connections_per_client);
+  options.request_timeout = milliseconds(config_.metrics_request_timeout_ms);
   auto server = metrics::HttpServer::Start(
-      config_.metrics_addr, &metrics_, [this] { return Healthz(); }, [this] { return Readyz(); },
+      options, &metrics_, [this] { return Healthz(); }, [this] { return Readyz(); },
       [this] { RefreshMetrics(); });
   if (!server) return std::unexpected(server.error());
   http_ = std::move(*server);
@@ -841,7 +725,32 @@ metrics::Health Relay::Readyz() const {
   if (stats_.standby.load()) return {false, "standby: another instance holds the slot"};
   if (!stats_.streaming.load()) return {false, "not streaming"};
   if (!stats_.kafka_reachable.load()) return {false, "Kafka not reachable"};
-  return {true, "ok: streaming, Kafka reachable"};
+  // Streaming and connected is not enough: rows must move (DESIGN §2.9).
+  const int64_t now = Clock::now().time_since_epoch().count();
+  const int64_t bound =
+      std::chrono::nanoseconds(std::chrono::seconds(config_.readyz_stall_timeout_s)).count();
+  std::lock_guard lock(readyz_mu_);
+  if (int64_t since = marker_failing_since_ns_.load(); since != 0 && now - since > bound) {
+    return {false, fmt::format("the marker has failed for {} s: {}", (now - since) / 1000000000,
+                               marker_failure_)};
+  }
+  // In flight, and neither acknowledged by Kafka nor confirmed since the
+  // last look: stalled since then (idle counts as moving).
+  const uint64_t delivered = stats_.delivered.load();
+  const Lsn confirmed = tracker_->confirmed();
+  if (tracker_->empty() || delivered != seen_delivered_ || confirmed != seen_confirmed_ ||
+      seen_moving_ns_ == 0) {
+    seen_delivered_ = delivered;
+    seen_confirmed_ = confirmed;
+    seen_moving_ns_ = now;
+  } else if (now - seen_moving_ns_ > bound) {
+    auto in_flight = tracker_->stats();
+    return {false, fmt::format("nothing moved for {} s: {} rows unacknowledged by Kafka, {} "
+                               "transactions delivered but not marked; confirmed {}",
+                               (now - seen_moving_ns_) / 1000000000, in_flight.rows_in_flight,
+                               in_flight.awaiting_mark, confirmed)};
+  }
+  return {true, "ok: streaming, Kafka reachable, rows moving"};
 }
 
 void Relay::RefreshMetrics() {

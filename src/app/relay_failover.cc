@@ -39,19 +39,17 @@ Status ValidateFailoverSlot(const RelayConfig& config, pg::Connection& conn) {
   return Ok();
 }
 
-Status Relay::FollowPromotion(pg::Connection& replication_conn) {
-  auto identity = pg::IdentifySystem(replication_conn);
-  if (!identity) return std::unexpected(identity.error());
+Status Relay::FollowPromotion(const pg::SystemIdentity& identity) {
   const uint32_t previous = timeline_;
-  if (previous == 0 || previous == identity->timeline) {
-    timeline_ = identity->timeline;
+  if (previous == 0 || previous == identity.timeline) {
+    timeline_ = identity.timeline;
     return Ok();
   }
   spdlog::warn(
       "the server writes timeline {}, the relay streamed timeline {} before: a standby was "
       "promoted. Resuming from this server's copy of slot {}, not from {} (confirmed on the old "
       "primary)",
-      identity->timeline, previous, config_.slot, tracker_->confirmed());
+      identity.timeline, previous, config_.slot, tracker_->confirmed());
   // The transactions in flight are marked on the new primary by the marker
   // (it reconnects by itself); the tracker must be empty to start over.
   Drain(std::chrono::seconds(30));
@@ -67,7 +65,7 @@ Status Relay::FollowPromotion(pg::Connection& replication_conn) {
   if (!admin) return std::unexpected(admin.error());
   auto slot = pg::QuerySlot(*admin, config_.slot);
   if (!slot) return std::unexpected(slot.error());
-  timeline_ = identity->timeline;
+  timeline_ = identity.timeline;
   if (!slot->exists) {
     // START_REPLICATION reports it as lost; --on-slot-lost decides (SlotSetup).
     spdlog::error("slot {} does not exist on the promoted server: {}", config_.slot,

@@ -8,7 +8,7 @@
 
 #include "outbox_relay/app/commands.h"
 #include "outbox_relay/app/logging.h"
-#include "outbox_relay/kafka/committed_reader.h"
+#include "outbox_relay/kafka/progress_log.h"
 #include "outbox_relay/pg/replication.h"
 #include "outbox_relay/pg/rows.h"
 
@@ -71,9 +71,9 @@ void AddSlotStatusFlags(CLI::App& app, SlotCommandConfig& c) {
                  "Also show the exactly-once progress Kafka holds (--delivery=exactly-once) "
                  "next to the slot's confirmed position")
       ->envname("KAFKA_BROKERS");
-  app.add_option("--progress-topic", c.progress_topic, "Exactly-once: the progress topic")
-      ->envname("OUTBOX_PROGRESS_TOPIC")
-      ->capture_default_str();
+  app.add_option("--progress-topic", c.progress_topic,
+                 "Exactly-once: the progress topic (empty: the relay's own, as run derives it)")
+      ->envname("OUTBOX_PROGRESS_TOPIC");
   app.add_option("--transactional-id", c.transactional_id,
                  "Exactly-once: the relay's transactional.id (empty: derived as run derives it)")
       ->envname("OUTBOX_TRANSACTIONAL_ID");
@@ -224,14 +224,27 @@ SlotReport::KafkaSide ReadKafkaSide(const SlotCommandConfig& c) {
         connection.properties.emplace_back(p.substr(0, eq), p.substr(eq + 1));
     }
   }
-  auto value = kafka::ReadLastCommittedValue(connection, side.topic, side.key,
-                                             std::chrono::milliseconds(15000));
+  kafka::ProgressLogOptions lo;
+  lo.connection = std::move(connection);
+  lo.topic = side.topic.empty() ? pipeline::DefaultProgressTopic(side.key) : side.topic;
+  if (side.topic.empty()) lo.legacy_topic = pipeline::kLegacyProgressTopic;
+  lo.timeout = std::chrono::milliseconds(15000);
+  lo.open_wait = std::chrono::milliseconds(15000);
+  side.topic = lo.topic;
+  auto log = kafka::KafkaProgressLog::Create(std::move(lo));
+  if (!log) {
+    side.error = log.error().message;
+    return side;
+  }
+  auto value = (*log)->ReadLast(side.key);
   if (!value) {
     side.error = value.error().message;
   } else if (*value) {
     auto decoded = pipeline::DecodeProgress(**value);
     if (decoded) {
-      side.progress = *decoded;
+      side.progress = decoded->progress;
+      if (decoded->owner) side.owner = decoded->owner->ToString();
+      side.timeline = decoded->history.timeline;
     } else {
       side.error = "cannot read the progress record: " + decoded.error().message;
     }
@@ -318,10 +331,18 @@ std::string FormatSlotReportText(const SlotReport& r) {
       line("(none)", "no committed progress: the relay never committed in exactly-once mode");
     } else {
       const pipeline::KafkaProgress& k = *r.kafka->progress;
-      line("commit_lsn", k.final_lsn.ToString());
+      line("relay",
+           r.kafka->owner.empty() ? "(not said: a record of an older relay)" : r.kafka->owner);
+      line("commit_lsn", r.kafka->timeline == 0
+                             ? k.final_lsn.ToString()
+                             : fmt::format("{} (timeline {})", k.final_lsn, r.kafka->timeline));
       line("rows", fmt::format("{}{}", k.rows,
                                k.complete ? " (the whole transaction)" : " (more of it to come)"));
       if (k.backfill) line("backfill", BackfillText(*k.backfill));
+      if (!k.unmarked.empty()) {
+        line("unmarked",
+             fmt::format("{} runs of rows Kafka holds that may be unmarked", k.unmarked.size()));
+      }
       if (r.confirmed_flush_lsn) {
         line("vs the slot", fmt::format("confirmed_flush_lsn {}: what lies between is sent again "
                                         "after a restart and skipped, not produced twice",

@@ -57,6 +57,8 @@ std::string_view ErrorCodeName(ErrorCode code) {
       return "aborted";
     case ErrorCode::kDuplicateKey:
       return "duplicate_key";
+    case ErrorCode::kFenced:
+      return "fenced";
     case ErrorCode::kFatal:
       return "fatal";
   }

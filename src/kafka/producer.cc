@@ -26,18 +26,27 @@ std::string FatalErrorText(rd_kafka_resp_err_t fatal, const char* reason) {
 }
 
 // The producer's fatal error as the relay judges it. A transactional
-// producer's is fatal: its transactions end there (fenced: another instance
-// took its place). An idempotent producer's (at-least-once) is about its
-// own bookkeeping of sequence numbers, which librdkafka before 2.3.0 can
-// lose after a broker failover that lost nothing (confluentinc/librdkafka
-// #4438: "rewound sequence number", "sequence desynchronization"): the
-// producer is replaced and what it held is sent again from the slot
-// (kAborted), as when Kafka does not acknowledge in time. Being refused the
-// right to write at all is a setting a new producer would meet again.
+// producer's is fatal: its transactions end there (kFenced when another
+// instance took its place). An idempotent producer's (at-least-once) is about its
+// own bookkeeping of sequence numbers (a broker answering out of order: a
+// partition that lost acknowledged records, e.g. after an unclean leader
+// election; before librdkafka 2.3.0 also a failover that lost nothing,
+// confluentinc/librdkafka#4438, which the librdkafka the relay links no
+// longer does): the producer is replaced and what it held is sent again from
+// the slot (kAborted), as when Kafka does not acknowledge in time. Being
+// refused the right to write at all is a setting a new producer would meet
+// again.
 Error FatalError(rd_kafka_resp_err_t fatal, const char* reason, bool transactional) {
   const bool refused = fatal == RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED ||
                        fatal == RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED ||
                        fatal == RD_KAFKA_RESP_ERR_TRANSACTIONAL_ID_AUTHORIZATION_FAILED;
+  if (transactional &&
+      (fatal == RD_KAFKA_RESP_ERR__FENCED || fatal == RD_KAFKA_RESP_ERR_PRODUCER_FENCED ||
+       fatal == RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH)) {
+    // Another instance initialised the transactional.id: this producer is
+    // done for, the relay is not (it replaces the producer, app/recovery.h).
+    return Error{ErrorCode::kFenced, FatalErrorText(fatal, reason)};
+  }
   if (transactional || refused) return Error{ErrorCode::kFatal, FatalErrorText(fatal, reason)};
   return Error{ErrorCode::kAborted,
                fmt::format("Kafka producer failed: {}: {}; a new producer sends what it held "
@@ -509,11 +518,18 @@ Status KafkaProducer::CheckConnection(std::chrono::milliseconds timeout) {
       rd_kafka_metadata(handle(), 0, nullptr, &md, static_cast<int>(timeout.count()));
   if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
     if (std::string refused = CredentialsError(); !refused.empty()) {
+      // SASL/OAUTHBEARER with OIDC: librdkafka got no token from the token
+      // endpoint, so it never reached the brokers; its own settings are the ones to check.
+      const bool no_token = refused.find("OAUTHBEARER token") != std::string::npos;
       return Fail(ErrorCode::kInvalidArgument,
-                  "invalid setting --kafka-property (OUTBOX_KAFKA_PROPERTIES): the brokers "
-                  "refused the connection: {} (check security.protocol, sasl.mechanisms, "
-                  "sasl.username, sasl.password, ssl.ca.location)",
-                  refused);
+                  "invalid setting --kafka-property (OUTBOX_KAFKA_PROPERTIES): {}: {} (check {})",
+                  no_token ? "no token from the OAuth/OIDC token endpoint"
+                           : "the brokers refused the connection",
+                  refused,
+                  no_token ? "sasl.oauthbearer.method, sasl.oauthbearer.client.id, "
+                             "sasl.oauthbearer.client.secret, sasl.oauthbearer.token.endpoint.url"
+                           : "security.protocol, sasl.mechanisms, sasl.username, sasl.password, "
+                             "ssl.ca.location");
     }
     return Fail(ErrorCode::kTransient, "Kafka metadata request: {}", rd_kafka_err2str(err));
   }
@@ -660,7 +676,7 @@ Error TxnError(rd_kafka_error_t* error, std::string_view what) {
   std::string text = rd_kafka_error_string(error);
   if (code == RD_KAFKA_RESP_ERR__FENCED || code == RD_KAFKA_RESP_ERR_PRODUCER_FENCED ||
       code == RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH) {
-    return Error{ErrorCode::kFatal,
+    return Error{ErrorCode::kFenced,
                  fmt::format("{}: this relay was replaced: another instance took over its "
                              "transactional.id and fenced it ({}); it publishes nothing more",
                              what, text)};

@@ -117,6 +117,11 @@ Status Marker::Connect(size_t i) {
   if (!conn) return std::unexpected(conn.error());
   conn->set_abort(&aborted_);
   if (auto set = conn->Exec(kSessionSettings); !set) return std::unexpected(set.error());
+  if (options_.progress != nullptr) {
+    if (std::string more = options_.progress->SessionSettings(); !more.empty()) {
+      if (auto set = conn->Exec(more); !set) return std::unexpected(set.error());
+    }
+  }
   if (i == 0) {
     std::optional<std::string> slot[] = {options_.slot_name};
     auto newest = conn->ExecParams(
@@ -172,6 +177,7 @@ void Marker::Loop() {
   auto backoff = std::chrono::milliseconds(100);
   auto waiting_since = std::chrono::steady_clock::time_point{};
   bool warned = false;
+  auto last_idle_report = Clock::time_point{};
   uint64_t last_rows = 0;  // rows of the last statement's batch
   auto rows_of = [](const std::vector<tracking::Transaction*>& txs) {
     uint64_t n = 0;
@@ -193,10 +199,18 @@ void Marker::Loop() {
       tracker_->TakeDelivered(&batch, options_.batch_max, std::chrono::milliseconds(0));
     }
     if (batch.empty()) {
-      if (options_.progress != nullptr && (lanes_[0].conn || Connect(0))) {
-        if (auto st = options_.progress->Idle(*lanes_[0].conn); !st) {
+      if (options_.progress != nullptr) {
+        Status st = lanes_[0].conn ? Ok() : Connect(0);
+        if (st) st = options_.progress->Idle(*lanes_[0].conn);
+        if (!st) {
           spdlog::warn("marker: {}", st.error().message);
           Disconnect();
+        }
+        // Idle passes come every 50 ms: reported once a second (a failing
+        // table is retried at most that often anyway).
+        if (Clock::now() - last_idle_report >= std::chrono::seconds(1)) {
+          last_idle_report = Clock::now();
+          Report(st);
         }
       }
       if (stopping_.load()) return;
@@ -221,6 +235,7 @@ void Marker::Loop() {
         continue;
       }
       if (on_error_) on_error_(st.error());
+      Report(st);
       spdlog::warn("marker: {} (retrying in {} ms)", st.error().message, backoff.count());
       if (stopping_.load() && Clock::now().time_since_epoch().count() > deadline_ns_.load()) {
         spdlog::error(
@@ -235,6 +250,7 @@ void Marker::Loop() {
     backoff = std::chrono::milliseconds(100);
     last_rows = rows_of(batch);
     tracker_->OnMarked(marked);
+    Report(Ok());
     if (not_visible.empty()) {
       waiting_since = {};
       warned = false;
@@ -254,6 +270,22 @@ void Marker::Loop() {
       return;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+void Marker::Report(const Status& round) {
+  if (!options_.on_round) return;
+  if (!round) {
+    options_.on_round(round);
+    return;
+  }
+  // A round that went through may still have left a part of the progress
+  // behind (a Watermill table's position).
+  std::string failing = options_.progress != nullptr ? options_.progress->Failing() : "";
+  if (failing.empty()) {
+    options_.on_round(Ok());
+  } else {
+    options_.on_round(Fail(ErrorCode::kTransient, "{}", failing));
   }
 }
 

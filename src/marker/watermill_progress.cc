@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <charconv>
 #include <utility>
 
@@ -28,7 +29,34 @@ uint64_t ParseU64(std::string_view text) {
 WatermillProgress::WatermillProgress(std::vector<WatermillProgressTable> tables,
                                      std::string consumer_group, tracking::AckTracker* tracker)
     : tables_(std::move(tables)), group_(std::move(consumer_group)), tracker_(tracker) {
-  written_bound_.assign(tables_.size(), 0);
+  state_.assign(tables_.size(), TableState{});
+}
+
+std::string WatermillProgress::CreateOffsetsSql(const pg::QualifiedName& offsets) {
+  return fmt::format(
+      "CREATE TABLE IF NOT EXISTS {} (consumer_group VARCHAR(255) NOT NULL, offset_acked BIGINT, "
+      "last_processed_transaction_id xid8 NOT NULL, PRIMARY KEY(consumer_group))",
+      offsets.Quoted());
+}
+
+std::string WatermillProgress::SessionSettings() const {
+  return fmt::format("SET lock_timeout = '{}ms'", kLockTimeout.count());
+}
+
+std::string WatermillProgress::Failing() const {
+  std::lock_guard lock(mu_);
+  size_t failing = 0;
+  const TableState* oldest = nullptr;
+  for (const TableState& s : state_) {
+    if (s.failing_since == Clock::time_point{}) continue;
+    ++failing;
+    if (oldest == nullptr || s.failing_since < oldest->failing_since) oldest = &s;
+  }
+  if (oldest == nullptr) return {};
+  // The error says which table and offsets table; the marker's caller says since when.
+  return fmt::format(
+      "{}{}", oldest->error,
+      failing > 1 ? fmt::format(" (and the positions of {} more tables)", failing - 1) : "");
 }
 
 void WatermillProgress::SetStreaming(bool on) {
@@ -59,7 +87,8 @@ Status WatermillProgress::Advance(pg::Connection& conn) {
   if (tables_changed_.exchange(false)) {
     tables_ = std::move(next_tables_);
     next_tables_.clear();
-    written_bound_.assign(tables_.size(), 0);
+    state_.assign(tables_.size(), TableState{});
+    ++generation_;
   }
   if (!streaming_.load() || tables_.empty()) return Ok();
 
@@ -94,18 +123,72 @@ Status WatermillProgress::Advance(pg::Connection& conn) {
   }
   const uint64_t bound = bound_;
   std::vector<WatermillProgressTable> tables = tables_;
-  std::vector<uint64_t> written = written_bound_;
+  std::vector<TableState> state = state_;
+  const uint64_t generation = generation_;
   lock.unlock();
 
-  for (size_t i = 0; i < tables.size(); ++i) {
-    if (bound <= written[i]) continue;
-    auto moved = AdvanceTo(conn, tables[i], group_, bound);
-    if (!moved) return std::unexpected(moved.error());
-    written[i] = bound;
-    if (*moved) written_.fetch_add(1, std::memory_order_relaxed);
+  Status st = Ok();
+  for (size_t i = 0; i < tables.size() && st; ++i) {
+    if (bound <= state[i].written_bound || now < state[i].retry_at) continue;
+    st = AdvanceTable(conn, tables[i], bound, state[i]);
   }
   lock.lock();
-  if (written_bound_.size() == written.size()) written_bound_ = written;
+  if (generation_ == generation) state_ = std::move(state);
+  return st;
+}
+
+Status WatermillProgress::AdvanceTable(pg::Connection& conn, const WatermillProgressTable& table,
+                                       uint64_t bound, TableState& state) {
+  auto moved = AdvanceTo(conn, table, group_, bound);
+  if (!moved && conn.ok()) {
+    // Which of the two tables is missing, if one is: the offsets table is
+    // watermill-sql's to create, and the relay creates it (at start too).
+    std::optional<std::string> names[] = {table.messages.Quoted(), table.offsets.Quoted()};
+    auto found =
+        conn.ExecParams("SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL", names);
+    if (found && pg::GetValue(found->get(), 0, 0) == std::optional<std::string_view>("t") &&
+        pg::GetValue(found->get(), 0, 1) == std::optional<std::string_view>("f")) {
+      if (auto created = conn.Exec(CreateOffsetsSql(table.offsets)); created) {
+        spdlog::warn(
+            "watermill: the offsets table {} of {} was dropped while the relay ran: created it "
+            "again; consumer group '{}' starts there from the relay's position",
+            table.offsets.ToString(), table.messages.ToString(), group_);
+        moved = AdvanceTo(conn, table, group_, bound);
+      } else {
+        moved = Fail(created.error().code, "the offsets table {} is gone and cannot be created: {}",
+                     table.offsets.ToString(), created.error().message);
+      }
+    } else if (found && pg::GetValue(found->get(), 0, 0) == std::optional<std::string_view>("f")) {
+      moved = Fail(ErrorCode::kFatal,
+                   "table {} does not exist any more (dropped or renamed while the relay ran)",
+                   table.messages.ToString());
+    }
+  }
+  if (!moved) {
+    // The connection's failure is the round's (retried on a new one).
+    if (!conn.ok()) return std::unexpected(moved.error());
+    const auto now = Clock::now();
+    if (state.failing_since == Clock::time_point{}) {
+      state.failing_since = now;
+      spdlog::warn(
+          "watermill: {}; the other tables' positions and the slot go on, this one is retried",
+          moved.error().message);
+    }
+    state.error = moved.error().message;
+    state.backoff = std::clamp(state.backoff * 2, std::chrono::milliseconds(250),
+                               std::chrono::milliseconds(5000));
+    state.retry_at = now + state.backoff;
+    return Ok();
+  }
+  if (state.failing_since != Clock::time_point{}) {
+    spdlog::info(
+        "watermill: the position of {} is written again (after {} s)", table.messages.ToString(),
+        std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - state.failing_since)
+            .count());
+  }
+  state = TableState{};
+  state.written_bound = bound;
+  if (*moved) written_.fetch_add(1, std::memory_order_relaxed);
   return Ok();
 }
 
@@ -135,8 +218,20 @@ Result<std::optional<WatermillPosition>> WatermillProgress::AdvanceTo(
   }
   auto res = conn.ExecParams(sql, params);
   if (!res) {
-    return Fail(res.error().code, "writing the Watermill position of {} to {}: {}",
-                table.messages.ToString(), table.offsets.ToString(), res.error().message);
+    // The server's words, not the statement (the error text starts with it).
+    // The server's first line and the SQLSTATE, not the statement (the
+    // error text starts with it) nor the LINE/caret context.
+    std::string_view text = res.error().message;
+    std::string_view why = text;
+    if (size_t at = why.find("ERROR:"); at != std::string_view::npos) why.remove_prefix(at);
+    why = why.substr(0, why.find('\n'));
+    std::string_view state;
+    if (size_t at = text.rfind(" (SQLSTATE ");
+        at != std::string_view::npos && why.find("(SQLSTATE") == std::string_view::npos) {
+      state = text.substr(at);
+    }
+    return Fail(res.error().code, "writing the Watermill position of {} to {}: {}{}",
+                table.messages.ToString(), table.offsets.ToString(), why, state);
   }
   if (PQntuples(res->get()) == 0) return std::optional<WatermillPosition>();
   WatermillPosition p;

@@ -1,5 +1,7 @@
 #include "outbox_relay/metrics/metrics.h"
 
+#include <spdlog/spdlog.h>
+
 namespace outbox_relay::metrics {
 
 namespace {
@@ -11,8 +13,10 @@ prometheus::Histogram::BucketBoundaries LatencyBuckets() {
 
 }  // namespace
 
-Metrics::Metrics(std::string service)
-    : service_(std::move(service)), registry_(std::make_shared<prometheus::Registry>()) {
+Metrics::Metrics(std::string service, size_t label_cap)
+    : service_(std::move(service)),
+      label_cap_(label_cap),
+      registry_(std::make_shared<prometheus::Registry>()) {
   using prometheus::BuildCounter;
   using prometheus::BuildGauge;
   using prometheus::BuildHistogram;
@@ -160,33 +164,101 @@ Metrics::Metrics(std::string service)
                                 "the transactions sent again from the slot")
                             .Register(reg)
                             .Add(svc);
+  auto& http_closed = BuildCounter()
+                          .Name("outbox_relay_http_connections_closed_total")
+                          .Help(
+                              "Connections to /metrics, /healthz, /readyz closed unanswered: "
+                              "evicted (over --metrics-max-connections or the per-client cap, "
+                              "the oldest unfinished one), timeout (request not complete within "
+                              "--metrics-request-timeout-ms, or response not taken)")
+                          .Register(reg);
+  http_closed_[static_cast<int>(HttpClosed::kEvicted)] =
+      &http_closed.Add({{"service", service_}, {"reason", "evicted"}});
+  http_closed_[static_cast<int>(HttpClosed::kTimeout)] =
+      &http_closed.Add({{"service", service_}, {"reason", "timeout"}});
+  marker_rounds_failed_ =
+      &BuildCounter()
+           .Name("outbox_relay_marker_failed_rounds_total")
+           .Help(
+               "Marking rounds that failed: the marking statement (retried), or the position of "
+               "a Watermill table (the other tables and the slot go on)")
+           .Register(reg)
+           .Add(svc);
+  auto& overflow = BuildCounter()
+                       .Name("outbox_relay_metric_label_overflow_total")
+                       .Help(
+                           "Observations counted under the label value __overflow__: their "
+                           "topic or (topic, event_type) was beyond --metrics-label-cap")
+                       .Register(reg);
+  overflow_published_ =
+      &overflow.Add({{"service", service_}, {"metric", "events_published_total"}});
+  overflow_duration_ = &overflow.Add(
+      {{"service", service_}, {"metric", "outbox_forwarder_publish_duration_seconds"}});
 }
 
 void Metrics::ObservePublish(std::string_view topic, std::string_view event_type, double seconds,
                              bool ok) {
   std::lock_guard lock(mu_);
-  // Cache lookups with a reused key buffer: no allocation after warm-up.
-  key_.assign(topic).push_back('\0');
-  key_.append(ok ? "ok" : "error");
-  auto d = duration_cache_.find(key_);
-  if (d == duration_cache_.end()) {
-    auto* h = &publish_duration_->Add(
-        {{"service", service_}, {"topic", std::string(topic)}, {"result", ok ? "ok" : "error"}},
-        LatencyBuckets());
-    d = duration_cache_.emplace(key_, h).first;
+  // Cache lookups with a reused key buffer: no allocation after warm-up, and
+  // none for a value over the cap (it is never inserted).
+  key_.assign(topic);
+  TopicSeries* series = nullptr;
+  std::string_view topic_label = topic;
+  if (auto t = topics_.find(key_); t != topics_.end()) {
+    series = &t->second;
+  } else if (topics_.size() < label_cap_) {
+    series = &topics_.emplace(key_, TopicSeries{}).first->second;
+  } else {
+    series = &overflow_topic_;
+    topic_label = kOverflowValue;
+    overflow_duration_->Increment();
+    if (!duration_warned_) {
+      duration_warned_ = true;
+      spdlog::warn(
+          "metrics: more than {} topics: the records of further ones are counted under "
+          "topic=\"{}\" (outbox_relay_metric_label_overflow_total; --metrics-label-cap)",
+          label_cap_, kOverflowValue);
+    }
   }
-  d->second->Observe(seconds);
+  prometheus::Histogram*& h = ok ? series->ok : series->error;
+  if (h == nullptr) {
+    h = &publish_duration_->Add({{"service", service_},
+                                 {"topic", std::string(topic_label)},
+                                 {"result", ok ? "ok" : "error"}},
+                                LatencyBuckets());
+  }
+  h->Observe(seconds);
   if (!ok) return;
-  key_.assign(topic).push_back('\0');
+  key_.push_back('\0');
   key_.append(event_type);
-  auto c = published_cache_.find(key_);
-  if (c == published_cache_.end()) {
-    auto* counter = &published_->Add({{"service", service_},
-                                      {"topic", std::string(topic)},
-                                      {"event_type", std::string(event_type)}});
-    c = published_cache_.emplace(key_, counter).first;
+  prometheus::Counter* counter = nullptr;
+  if (auto c = published_cache_.find(key_); c != published_cache_.end()) {
+    counter = c->second;
+  } else if (published_cache_.size() < label_cap_ && series != &overflow_topic_) {
+    counter = &published_->Add({{"service", service_},
+                                {"topic", std::string(topic)},
+                                {"event_type", std::string(event_type)}});
+    published_cache_.emplace(key_, counter);
+  } else {
+    // The topic's own overflow series: totals by topic stay exact.
+    overflow_published_->Increment();
+    if (series->overflow == nullptr) {
+      series->overflow = &published_->Add({{"service", service_},
+                                           {"topic", std::string(topic_label)},
+                                           {"event_type", std::string(kOverflowValue)}});
+    }
+    counter = series->overflow;
+    if (!published_warned_) {
+      published_warned_ = true;
+      spdlog::warn(
+          "metrics: more than {} (topic, Event-Type) pairs in events_published_total: further "
+          "event types are counted under event_type=\"{}\" (outbox_relay_metric_label_overflow_"
+          "total). Event-Type should name a kind of event, not an instance (a request id?); "
+          "raise --metrics-label-cap if these are real",
+          label_cap_, kOverflowValue);
+    }
   }
-  c->second->Increment();
+  counter->Increment();
 }
 
 void Metrics::CountError(ErrorReason reason) {

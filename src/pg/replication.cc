@@ -95,6 +95,18 @@ Result<SystemIdentity> IdentifySystem(Connection& replication_conn) {
   return out;
 }
 
+Result<WalHistory> ServerWalHistory(Connection& replication_conn, const SystemIdentity& identity) {
+  if (identity.timeline <= 1) return WalHistory{identity.timeline, {}};
+  auto res = replication_conn.Exec(fmt::format("TIMELINE_HISTORY {}", identity.timeline));
+  if (!res) return std::unexpected(res.error());
+  // Columns: filename, content.
+  auto content = GetValue(res->get(), 0, 1);
+  if (!content) {
+    return Fail(ErrorCode::kProtocol, "TIMELINE_HISTORY {}: no content", identity.timeline);
+  }
+  return ParseTimelineHistory(identity.timeline, *content);
+}
+
 Result<CreatedSlot> CreateSlot(Connection& replication_conn, std::string_view slot,
                                bool export_snapshot, bool failover) {
   const int version = replication_conn.server_version();

@@ -9,7 +9,6 @@ namespace outbox_relay::pipeline {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 // A reply-requested keepalive while the marker cannot reach PostgreSQL
@@ -29,11 +28,11 @@ StreamSession::StreamSession(SessionOptions options, ReplicationSource* source,
       stop_(stop),
       last_marker_error_ns_(last_marker_error_ns),
       progress_(options_.status_interval),
-      liveness_(options_.receive_timeout, Clock::now()),
+      liveness_(options_.receive_timeout, stop->clock().Now()),
       router_(options_.tables.empty()
                   ? std::vector<OutboxTable>{OutboxTable{options_.table, outbox::TableKind::kSeed}}
                   : options_.tables,
-              options_.columns, options_.processed, options_.selects) {}
+              options_.columns, options_.processed, options_.unrouted) {}
 
 tracking::Transaction* StreamSession::TakeOpenTransaction() {
   return std::exchange(open_tx_, nullptr);
@@ -41,88 +40,109 @@ tracking::Transaction* StreamSession::TakeOpenTransaction() {
 
 Status StreamSession::Run() {
   while (true) {
-    stats_->Beat();
-    if (auto failure = tracker_->failure()) return Fail(ErrorCode::kFatal, "{}", *failure);
-    // Stop between transactions: a half-read transaction would be sent again
-    // in full after a restart, and its first rows would be duplicates. But
-    // not at any price: when its end does not come (Kafka holds everything
-    // back), give it up within the stop grace.
-    if (stop_->requested()) {
-      if (open_tx_ == nullptr) return Ok();
-      if (stop_->Over(options_.stop_grace)) {
-        return Fail(ErrorCode::kCancelled,
-                    "stopping inside transaction xid {}: it is given up and sent again after the "
-                    "restart",
-                    open_tx_->xid);
-      }
+    auto step = Step();
+    if (!step) return std::unexpected(step.error());
+    switch (step->state) {
+      case StepResult::kDone:
+        return Ok();
+      case StepResult::kBusy:
+        break;
+      case StepResult::kHeldBack:
+        tracker_->WaitForProgress(milliseconds(2));
+        break;
+      case StepResult::kWaiting:
+        if (auto st = source_->Wait(WaitBound()); !st) return st;
+        break;
     }
-    if (options_.end_requested != nullptr && open_tx_ == nullptr &&
-        options_.end_requested->load()) {
-      return Fail(ErrorCode::kTransient, "the stream ends between transactions, as asked");
-    }
-    if (auto st = publisher_->DeadLetterRefused(this); !st) return st;
-    if (auto st = publisher_->Tick(); !st) return st;  // exactly-once: commit when due
-    stats_->kafka_reachable.store(publisher_->Reachable(), std::memory_order_relaxed);
-    stats_->in_flight_bytes.store(publisher_->BytesInFlight(), std::memory_order_relaxed);
-    if (auto st = SendStatus(false); !st) return st;
-    LogProgress();
-    if (publisher_->Backpressured()) {
-      liveness_.NotListening(Clock::now());
-      tracker_->WaitForProgress(milliseconds(2));
-      continue;
-    }
-    auto msg = source_->TryRead();
-    if (!msg) return std::unexpected(msg.error());
-    if (!*msg) {
-      if (auto st = source_->Wait(WaitBound()); !st) return st;
-      auto now = Clock::now();
-      liveness_.SawBytes(source_->BytesReceived(), now);
-      if (auto silent = liveness_.Silent(now)) {
-        return Fail(ErrorCode::kTransient,
-                    "replication connection silent for {:.1f} s: nothing received, not even "
-                    "the reply requested {:.1f} s ago; taking it for dead (bound {} ms, "
-                    "--pg-receive-timeout-ms)",
-                    static_cast<double>(silent->count()) / 1000,
-                    (static_cast<double>(silent->count()) -
-                     static_cast<double>(liveness_.bound().count()) / 2) /
-                        1000,
-                    liveness_.bound().count());
-      }
-      continue;
-    }
-    liveness_.Heard(Clock::now());
-    auto server_msg = walproto::DecodeServerMessage(**msg);
-    if (!server_msg) return std::unexpected(server_msg.error());
-    if (auto* k = std::get_if<walproto::PrimaryKeepalive>(&*server_msg)) {
-      stats_->keepalives.fetch_add(1, std::memory_order_relaxed);
-      progress_.SawWalEnd(k->wal_end);
-      // Idle rule: nothing in flight and not inside a transaction, so every
-      // commit before wal_end was received and confirmed already.
-      if (open_tx_ == nullptr) tracker_->FollowServer(k->wal_end);
-      if (k->reply_requested) {
-        if (auto st = SendStatus(true); !st) return st;
-        // A stopping server (pg_ctl stop -m fast) waits until we confirm all
-        // it sent, asking for replies meanwhile; it ended the marker's session
-        // first, so we cannot confirm what awaits marking. Holding on would
-        // hold its shutdown forever: let go, and resume from the confirmed
-        // position (re-sending the rest) once it is back.
-        int64_t marker_error = last_marker_error_ns_->load();
-        auto since_marker_error = Clock::now().time_since_epoch().count() - marker_error;
-        if (marker_error != 0 && tracker_->awaiting_mark() > 0 &&
-            since_marker_error < std::chrono::nanoseconds(kMarkerErrorRecent).count()) {
-          return Fail(ErrorCode::kTransient,
-                      "the server asks for a confirmation the relay cannot give (the marker "
-                      "cannot reach PostgreSQL: is it stopping?); closing the replication "
-                      "connection, resuming from {}",
-                      tracker_->confirmed());
-        }
-      }
-      continue;
-    }
-    const auto& x = std::get<walproto::XLogData>(*server_msg);
-    progress_.SawWalEnd(x.wal_end);
-    if (auto st = HandleXLogData(x.data); !st) return st;
   }
+}
+
+Result<StreamSession::StepResult> StreamSession::Step() {
+  const Clock& clock = stop_->clock();
+  stats_->Beat();
+  if (auto failure = tracker_->failure()) return Fail(ErrorCode::kFatal, "{}", *failure);
+  // Stop between transactions: a half-read transaction would be sent again
+  // in full after a restart, and its first rows would be duplicates. But
+  // not at any price: when its end does not come (Kafka holds everything
+  // back), give it up within the stop grace.
+  if (stop_->requested()) {
+    if (open_tx_ == nullptr) return StepResult{StepResult::kDone};
+    if (stop_->Over(options_.stop_grace)) {
+      return Fail(ErrorCode::kCancelled,
+                  "stopping inside transaction xid {}: it is given up and sent again after the "
+                  "restart",
+                  open_tx_->xid);
+    }
+  }
+  if (options_.end_requested != nullptr && open_tx_ == nullptr && options_.end_requested->load()) {
+    return Fail(ErrorCode::kTransient, "the stream ends between transactions, as asked");
+  }
+  if (auto st = publisher_->DeadLetterRefused(this); !st) return std::unexpected(st.error());
+  if (auto st = publisher_->Tick(); !st) {  // exactly-once: commit when due
+    return std::unexpected(st.error());
+  }
+  stats_->kafka_reachable.store(publisher_->Reachable(), std::memory_order_relaxed);
+  stats_->in_flight_bytes.store(publisher_->BytesInFlight(), std::memory_order_relaxed);
+  if (auto st = SendStatus(false); !st) return std::unexpected(st.error());
+  LogProgress();
+  if (publisher_->Backpressured()) {
+    liveness_.NotListening(clock.Now());
+    return StepResult{StepResult::kHeldBack};
+  }
+  auto msg = source_->TryRead();
+  if (!msg) return std::unexpected(msg.error());
+  if (!*msg) {
+    // Nothing to read: silent for too long? (What the wait before brought,
+    // bytes of a message on their way included, counts as heard.)
+    auto now = clock.Now();
+    liveness_.SawBytes(source_->BytesReceived(), now);
+    if (auto silent = liveness_.Silent(now)) {
+      return Fail(ErrorCode::kTransient,
+                  "replication connection silent for {:.1f} s: nothing received, not even "
+                  "the reply requested {:.1f} s ago; taking it for dead (bound {} ms, "
+                  "--pg-receive-timeout-ms)",
+                  static_cast<double>(silent->count()) / 1000,
+                  (static_cast<double>(silent->count()) -
+                   static_cast<double>(liveness_.bound().count()) / 2) /
+                      1000,
+                  liveness_.bound().count());
+    }
+    return StepResult{StepResult::kWaiting};
+  }
+  liveness_.Heard(clock.Now());
+  auto server_msg = walproto::DecodeServerMessage(**msg);
+  if (!server_msg) return std::unexpected(server_msg.error());
+  if (auto* k = std::get_if<walproto::PrimaryKeepalive>(&*server_msg)) {
+    stats_->keepalives.fetch_add(1, std::memory_order_relaxed);
+    progress_.SawWalEnd(k->wal_end);
+    // Idle rule: nothing in flight and not inside a transaction, so every
+    // commit before wal_end was received and confirmed already.
+    if (open_tx_ == nullptr) tracker_->FollowServer(k->wal_end);
+    if (k->reply_requested) {
+      if (auto st = SendStatus(true); !st) return std::unexpected(st.error());
+      // A stopping server (pg_ctl stop -m fast) waits until we confirm all
+      // it sent, asking for replies meanwhile; it ended the marker's session
+      // first, so we cannot confirm what awaits marking. Holding on would
+      // hold its shutdown forever: let go, and resume from the confirmed
+      // position (re-sending the rest) once it is back.
+      int64_t marker_error = last_marker_error_ns_->load();
+      auto since_marker_error =
+          std::chrono::steady_clock::now().time_since_epoch().count() - marker_error;
+      if (marker_error != 0 && tracker_->awaiting_mark() > 0 &&
+          since_marker_error < std::chrono::nanoseconds(kMarkerErrorRecent).count()) {
+        return Fail(ErrorCode::kTransient,
+                    "the server asks for a confirmation the relay cannot give (the marker "
+                    "cannot reach PostgreSQL: is it stopping?); closing the replication "
+                    "connection, resuming from {}",
+                    tracker_->confirmed());
+      }
+    }
+    return StepResult{StepResult::kBusy};
+  }
+  const auto& x = std::get<walproto::XLogData>(*server_msg);
+  progress_.SawWalEnd(x.wal_end);
+  if (auto st = HandleXLogData(x.data); !st) return std::unexpected(st.error());
+  return StepResult{StepResult::kBusy};
 }
 
 Status StreamSession::HandleXLogData(std::string_view data) {
@@ -197,17 +217,17 @@ milliseconds StreamSession::WaitBound() const {
   constexpr milliseconds kMax{100};
   auto due = publisher_->CommitDueAt();
   if (due == Clock::time_point::max()) return kMax;
-  auto left = std::chrono::ceil<milliseconds>(due - Clock::now());
+  auto left = std::chrono::ceil<milliseconds>(due - stop_->clock().Now());
   return std::clamp(left, milliseconds(0), kMax);
 }
 
 Status StreamSession::Touch() {
-  liveness_.NotListening(Clock::now());  // a Publisher wait: the loop reads nothing
+  liveness_.NotListening(stop_->clock().Now());  // a Publisher wait: the loop reads nothing
   return SendStatus(false);
 }
 
 Status StreamSession::SendStatus(bool force) {
-  auto now = Clock::now();
+  auto now = stop_->clock().Now();
   Lsn flush = tracker_->confirmed();
   auto update = progress_.Due(now, flush, liveness_.ProbeDue(now) || force);
   if (!update) return Ok();
@@ -220,7 +240,7 @@ Status StreamSession::SendStatus(bool force) {
 }
 
 void StreamSession::LogProgress() {
-  auto now = Clock::now();
+  auto now = stop_->clock().Now();
   if (now - last_progress_log_ < std::chrono::seconds(30)) return;
   last_progress_log_ = now;
   auto s = tracker_->stats();

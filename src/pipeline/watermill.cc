@@ -254,10 +254,7 @@ Result<std::map<std::string, outbox::TablePosition>> ReadWatermillPositions(
 }
 
 std::string OffsetsTableDdl(const pg::QualifiedName& offsets) {
-  return fmt::format(
-      "CREATE TABLE IF NOT EXISTS {} (consumer_group VARCHAR(255) NOT NULL, offset_acked BIGINT, "
-      "last_processed_transaction_id xid8 NOT NULL, PRIMARY KEY(consumer_group))",
-      offsets.Quoted());
+  return marker::WatermillProgress::CreateOffsetsSql(offsets);
 }
 
 std::string CreateWatermillPublicationSql(std::string_view publication,
@@ -488,6 +485,7 @@ Status WatermillTables::Prepare(pg::Connection& conn) {
   if (auto st = EnsureOffsetsTables(conn); !st) return st;
   if (auto st = EnsurePublication(conn); !st) return st;
   UpdateProgressTables();
+  Retire({}, {});
   return Ok();
 }
 
@@ -652,6 +650,82 @@ Status WatermillTables::CatchUp(pg::Connection& conn) {
   return Ok();
 }
 
+std::vector<OutboxTable> WatermillTables::routed_tables() const {
+  std::vector<OutboxTable> out = tables_;
+  out.insert(out.end(), retired_.begin(), retired_.end());
+  return out;
+}
+
+bool WatermillTables::OnUnrouted(std::string_view schema, std::string_view name,
+                                 const OutboxTable* previous) {
+  if (previous == nullptr && !settings_.Selects(schema, name)) {
+    return false;  // another table in a shared publication
+  }
+  pg::QualifiedName table{std::string(schema), std::string(name)};
+  std::string key =
+      fmt::format("{}|{}", previous != nullptr ? previous->name.ToString() : "", table.ToString());
+  if (!unrouted_seen_.insert(std::move(key)).second) return false;
+  if (previous == nullptr) unrouted_names_.push_back(std::move(table));
+  RequestEnd();
+  return true;
+}
+
+void WatermillTables::Retire(const std::vector<OutboxTable>& before,
+                             const std::vector<OutboxTable>& resolved) {
+  auto in = [](const std::vector<OutboxTable>& list, const pg::QualifiedName& name) {
+    return std::any_of(list.begin(), list.end(),
+                       [&](const OutboxTable& t) { return t.name.ToString() == name.ToString(); });
+  };
+  auto followed = [&](const pg::QualifiedName& name) { return in(tables_, name); };
+  auto retired = [&](const pg::QualifiedName& name) {
+    return std::any_of(retired_.begin(), retired_.end(),
+                       [&](const OutboxTable& t) { return t.name.ToString() == name.ToString(); });
+  };
+  // Followed again (recreated, or its shape restored): not retired any more.
+  std::erase_if(retired_, [&](const OutboxTable& t) { return followed(t.name); });
+  for (const OutboxTable& t : before) {
+    // Still there and fitting, only waiting to join again: not retired.
+    if (followed(t.name) || retired(t.name) || in(resolved, t.name)) continue;
+    spdlog::warn(
+        "watermill table {} is no longer followed (dropped, renamed, or without watermill-sql's "
+        "columns now): no position is written for it; the rows written to it before are still "
+        "published",
+        t.name.ToString());
+    retired_.push_back(t);
+  }
+  for (const pg::QualifiedName& name : unrouted_names_) {
+    if (followed(name) || retired(name)) continue;
+    OutboxTable t;
+    t.name = name;
+    t.kind =
+        settings_.IsForwarder(name) ? outbox::TableKind::kForwarder : outbox::TableKind::kWatermill;
+    std::optional<std::string> topic;
+    if (auto it = settings_.topics.find(name.ToString()); it != settings_.topics.end()) {
+      topic = it->second;
+    } else {
+      topic = outbox::WatermillTopicOfTable(name.name);
+    }
+    if ((!topic || !outbox::IsKafkaTopicName(*topic)) && t.kind == outbox::TableKind::kWatermill) {
+      spdlog::warn(
+          "the stream carries rows of table {}, which the settings select but which cannot be "
+          "followed now, and its topic cannot be told from its name: they are not published "
+          "(map it with --watermill-topic-map)",
+          name.ToString());
+      continue;
+    }
+    t.topic = topic.value_or("");
+    spdlog::warn(
+        "the stream carries rows of table {}, which the settings select but which cannot be "
+        "followed now (dropped or renamed since?): they are published, no position is written",
+        name.ToString());
+    retired_.push_back(std::move(t));
+  }
+  unrouted_names_.clear();
+  std::lock_guard lock(discovery_mu_);
+  followed_names_.clear();
+  for (const OutboxTable& t : tables_) followed_names_.insert(t.name.ToString());
+}
+
 Status WatermillTables::BeforeStream() {
   auto conn = pg::Connection::Open(options_.database_url, pg::Connection::Mode::kNormal);
   if (!conn) return std::unexpected(conn.error());
@@ -663,9 +737,20 @@ Status WatermillTables::BeforeStream() {
     return Fail(ErrorCode::kSlotInUse, "slot {} is being set up by another instance",
                 options_.slot);
   }
-  if (auto st = Resolve(*conn); !st) return st;
+  const std::vector<OutboxTable> before = tables_;
+  if (auto st = Resolve(*conn); !st) {
+    if (st.error().code == ErrorCode::kInvalidArgument && !tracker_->empty()) {
+      // A listed table is gone or changed: what was read before goes out
+      // before the relay stops.
+      spdlog::info("watermill tables: delivering and marking what was read before stopping");
+      (void)WaitDelivered();
+    }
+    return st;
+  }
+  const std::vector<OutboxTable> resolved = tables_;  // before joins that must wait
   if (auto st = EnsureOffsetsTables(*conn); !st) return st;
   if (auto st = EnsurePublication(*conn); !st) return st;
+  Retire(before, resolved);
   if (auto st = CatchUp(*conn); !st) return st;
   if (stop_->requested()) return Ok();
   UpdateProgressTables();
@@ -713,12 +798,37 @@ void WatermillTables::DiscoveryLoop() {
       conn.emplace(std::move(*c));
     }
     auto resolved = ResolveWatermillTables(*conn, settings_);
+    if (!resolved && resolved.error().code == ErrorCode::kInvalidArgument) {
+      // A listed table is gone or changed: the supervisor stops the relay
+      // (BeforeStream says why), after what was read is delivered.
+      spdlog::warn("watermill tables: {}: the stream ends", resolved.error().message);
+      end_requested_.store(true);
+      continue;
+    }
     std::optional<std::string> params[] = {options_.publication};
     auto published = conn->ExecParams(
         "SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = $1",
         params);
     if (!resolved || !published) {
       conn.reset();
+      continue;
+    }
+    std::vector<std::string> gone;
+    {
+      std::lock_guard lock(discovery_mu_);
+      for (const std::string& name : followed_names_) {
+        if (std::none_of(resolved->tables.begin(), resolved->tables.end(),
+                         [&](const OutboxTable& t) { return t.name.ToString() == name; })) {
+          gone.push_back(name);
+        }
+      }
+    }
+    if (!gone.empty()) {
+      spdlog::info(
+          "watermill table(s) {} gone (dropped, renamed) or without watermill-sql's columns now: "
+          "the stream restarts between transactions to follow the tables as they are",
+          fmt::join(gone, ", "));
+      end_requested_.store(true);
       continue;
     }
     std::set<std::string> in_publication;

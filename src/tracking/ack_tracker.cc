@@ -90,9 +90,17 @@ void AckTracker::Hold(Transaction* tx) { tx->pending.fetch_add(1, std::memory_or
 
 void AckTracker::ReleaseHold(Transaction* tx) { Release(tx, 1); }
 
-void AckTracker::AbandonHeld(Transaction* tx) {
-  tx->abandoned = true;
-  Release(tx, 1);
+void AckTracker::AbandonHeld(const std::vector<Transaction*>& txs) {
+  if (txs.empty()) return;
+  uint64_t first = UINT64_MAX;
+  for (const Transaction* tx : txs) first = std::min(first, tx->seq);
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& tx : in_flight_) {
+      if (tx->seq >= first) tx->abandoned = true;
+    }
+  }
+  for (Transaction* tx : txs) Release(tx, 1);
 }
 
 void AckTracker::OnDelivered(Transaction* tx) {
@@ -177,6 +185,14 @@ void AckTracker::RaiseConfirmed(Lsn position) {
   std::lock_guard lock(mu_);
   if (position.value() > confirmed_.load(std::memory_order_relaxed)) {
     confirmed_.store(position.value(), std::memory_order_release);
+  }
+}
+
+void AckTracker::ForEachUnmarked(const std::function<void(const Transaction&)>& fn) const {
+  std::lock_guard lock(mu_);
+  for (const auto& tx : in_flight_) {
+    if (tx->marked || tx->abandoned || tx->row_ranges.empty()) continue;
+    fn(*tx);
   }
 }
 

@@ -5,7 +5,8 @@
 // byte offset. Anything else (a crash, a sanitizer report, a non-exact accept) is a finding.
 //
 // Build (clang >= 19: std::expected with libstdc++ needs it) and run, from the repo root:
-//   CXX=clang++-19 cmake -S . -B build-fuzz -G Ninja -DOUTBOX_BUILD_BENCH=OFF
+//   CXX=clang++-19 cmake -S . -B build-fuzz -G Ninja -DOUTBOX_BUILD_BENCH=OFF \
+//     -DOUTBOX_RDKAFKA_ROOT="$(scripts/librdkafka build)"
 //   cmake --build build-fuzz --target pgoutput_fuzz
 //   mkdir -p /tmp/pgoutput-corpus && grep -v '^#' tests/fixtures/pgoutput/stream_v1.hex |
 //     cut -f3 | while read -r h; do echo "$h" | xxd -r -p >"/tmp/pgoutput-corpus/${h:0:24}"; done

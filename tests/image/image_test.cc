@@ -12,6 +12,7 @@
 //   - the runtime image is slim: no toolchain, every library resolved.
 #include <fmt/format.h>
 
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <random>
@@ -357,15 +358,28 @@ TEST(Image, RuntimeIsSlim) {
 }
 
 // The shipped binary is built without the test-only faults (OUTBOX_FAILPOINTS
-// =OFF in docker/Dockerfile): `version` does not call it a test build, the
-// faults' texts are not in it, and `run` says OUTBOX_TEST_FAULT is ignored.
+// =OFF in docker/Dockerfile): `version` says it has none, the faults' texts
+// are not in it, and `run` says OUTBOX_TEST_FAULT is ignored. It links the
+// librdkafka scripts/librdkafka builds from the pinned source, not Debian
+// 12's 2.0.2 (the image installs no librdkafka1).
 TEST(Image, ShipsWithoutTheTestFaults) {
   ASSERT_NO_FATAL_FAILURE(UseImageEngine());
   const std::string image = RelayImage();
   CommandResult version =
       Docker({"run", "--rm", "--network", "none", "--read-only", image, "version"});
   ASSERT_EQ(version.status, 0) << version.output;
-  EXPECT_EQ(version.output.find("failpoints"), std::string::npos) << version.output;
+  EXPECT_NE(version.output.find("\nfailpoints: none (a production build)\n"), std::string::npos)
+      << version.output;
+  EXPECT_EQ(version.output.find("compiled in"), std::string::npos) << version.output;
+  const size_t at = version.output.find("\nlibrdkafka: ");
+  ASSERT_NE(at, std::string::npos) << version.output;
+  int major = 0, minor = 0;
+  ASSERT_EQ(std::sscanf(version.output.c_str() + at, "\nlibrdkafka: %d.%d", &major, &minor), 2)
+      << version.output;
+  EXPECT_GE(major * 100 + minor, 212) << version.output;
+  CommandResult dpkg = Docker({"run", "--rm", "--network", "none", "--entrypoint", "dpkg-query",
+                               image, "-W", "-f", "${Package}\n", "librdkafka*"});
+  EXPECT_EQ(dpkg.output.find("librdkafka1"), std::string::npos) << dpkg.output;
   CommandResult grep = Docker({"run", "--rm", "--network", "none", "--entrypoint", "grep", image,
                                "-c", "TEST FAULT", "/usr/local/bin/outbox-relay"});
   EXPECT_EQ(grep.output, "0\n") << "the shipped binary holds the test faults";

@@ -2,6 +2,8 @@
 // names the setting (flag or environment variable), so an operator can fix it.
 #include <fmt/format.h>
 
+#include <cstdio>
+
 #include "fixture.h"
 
 namespace outbox_test {
@@ -52,6 +54,29 @@ TEST_F(Config, BadSettingFailsAtStartNamingIt) {
        {{"OUTBOX_MARKER_SPLIT_ROWS", "-1"}},
        "--marker-split-rows (OUTBOX_MARKER_SPLIT_ROWS)",
        2},
+      // The bounds of what callers and rows may hold (issue 37).
+      {"--metrics-label-cap 0", {"--metrics-label-cap", "0"}, {}, "--metrics-label-cap", 2},
+      {"OUTBOX_METRICS_MAX_CONNECTIONS_PER_CLIENT above the total",
+       {"--metrics-max-connections", "16"},
+       {{"OUTBOX_METRICS_MAX_CONNECTIONS_PER_CLIENT", "17"}},
+       "--metrics-max-connections-per-client (OUTBOX_METRICS_MAX_CONNECTIONS_PER_CLIENT)",
+       2},
+      {"--metrics-request-timeout-ms 0",
+       {"--metrics-request-timeout-ms", "0"},
+       {},
+       "--metrics-request-timeout-ms",
+       2},
+      {"--metrics-addr with a host name",
+       {"--metrics-addr", "localhost:9464"},
+       {},
+       "--metrics-addr (OUTBOX_METRICS_ADDR)",
+       2},
+      {"--max-topics 0", {"--max-topics", "0"}, {}, "--max-topics", 2},
+      {"OUTBOX_READYZ_STALL_TIMEOUT_S 0",
+       {},
+       {{"OUTBOX_READYZ_STALL_TIMEOUT_S", "0"}},
+       "--readyz-stall-timeout-s (OUTBOX_READYZ_STALL_TIMEOUT_S)",
+       2},
   };
   RunCases(cases);
 }
@@ -100,9 +125,19 @@ TEST_F(Config, HelpAndVersionExitZero) {
     EXPECT_EQ(code, std::optional<int>(0)) << relay.LogTail(10);
     if (args[0] == "version") {
       EXPECT_NE(log.find("outbox-relay "), std::string::npos) << log;
+      // The libraries it runs with: the librdkafka scripts/librdkafka builds (2.12 or
+      // newer: SCRAM against Kafka 4), libpq.
+      const size_t at = log.find("\nlibrdkafka: ");
+      ASSERT_NE(at, std::string::npos) << log;
+      int major = 0, minor = 0;
+      ASSERT_EQ(std::sscanf(log.c_str() + at, "\nlibrdkafka: %d.%d", &major, &minor), 2) << log;
+      EXPECT_GE(major * 100 + minor, 212) << log;
+      EXPECT_NE(log.find("\nlibpq: "), std::string::npos) << log;
       // The tests' build has the test-only faults and says so (the image's does not:
       // Image.ShipsWithoutTheTestFaults).
-      EXPECT_NE(log.find("a test build: failpoints compiled in"), std::string::npos) << log;
+      EXPECT_NE(log.find("\nfailpoints: compiled in (OUTBOX_TEST_FAULT): a test build"),
+                std::string::npos)
+          << log;
     } else {
       EXPECT_NE(log.find("Usage"), std::string::npos) << log;
     }

@@ -288,7 +288,7 @@ class ResilienceProducer : public RelayTest {};
 
 // OUTBOX_TEST_FAULT=fatal-after:N puts the idempotent producer into its fatal
 // state after N records, as an out-of-order sequence from the broker does
-// (and as librdkafka before 2.3.0 does after broker failovers that lost
+// (and as librdkafka before 2.3.0 did after broker failovers that lost
 // nothing, confluentinc/librdkafka#4438). At-least-once, the relay replaces
 // the producer and sends again from the slot: it keeps running, confirms
 // nothing Kafka did not acknowledge, and loses nothing.

@@ -6,10 +6,14 @@
 //              over TLS (pg_stat_ssl shows every session of it encrypted). A CA
 //              that did not sign the server's certificate, or a wrong password,
 //              stops it at start with exit 2 and a message naming the setting.
-// TlsKafka     A private broker with a SASL_SSL listener (PEM keystore) and
-//              SCRAM-SHA-512 users; the relay connects through --kafka-property.
-//              A wrong password stops it at start with a clear message; the rows
-//              stay unacked (nothing lost) and are delivered once it is right.
+// TlsKafka     A private Kafka 4 broker with a SASL_SSL listener (PEM keystore):
+//              PLAIN and SCRAM-SHA-512 users, and OAUTHBEARER tokens of an OIDC
+//              issuer the test serves (support/oidc_issuer: a client-credentials
+//              token endpoint for the relay, a JWKS endpoint the broker verifies
+//              the tokens with). The relay connects through --kafka-property
+//              with each mechanism. A wrong password or client secret stops it
+//              at start with a clear message; the rows stay unacked (nothing
+//              lost) and are delivered once it is right.
 //
 // And everywhere: no password appears in the relay's log lines, its error
 // messages, `check` output, `slot status` output or /metrics. The secrets
@@ -22,6 +26,7 @@
 #include "fixture.h"
 #include "ops_support.h"
 #include "support/http_get.h"
+#include "support/oidc_issuer.h"
 #include "support/test_ca.h"
 #include "support/throwaway_kafka.h"
 #include "support/throwaway_pg.h"
@@ -36,6 +41,7 @@ using RelayEnv = std::map<std::string, std::optional<std::string>>;
 constexpr const char* kPgPassword = "pg-Secret-7e1f9c0d";
 constexpr const char* kKafkaPassword = "kafka-Secret-4b2d8a6e";
 constexpr const char* kWrongPassword = "wrong-Secret-93c5e1aa";
+constexpr const char* kOidcSecret = "oidc-Secret-2f6d9b17";
 
 // The relay's own output: without the test harness's "==== [test] starting
 // relay: <command line>" lines.
@@ -55,7 +61,7 @@ std::string WithoutBanner(const std::string& output) {
 // Adds a failure for every secret found in `output` (`what` says where).
 void ExpectNoSecret(const std::string& output, const std::string& what) {
   const std::string text = WithoutBanner(output);
-  for (const char* secret : {kPgPassword, kKafkaPassword, kWrongPassword}) {
+  for (const char* secret : {kPgPassword, kKafkaPassword, kWrongPassword, kOidcSecret}) {
     size_t at = text.find(secret);
     EXPECT_EQ(at, std::string::npos) << "a secret appears in " << what << ": ..."
                                      << text.substr(at < 200 ? 0 : at - 200, 400) << "...";
@@ -204,14 +210,16 @@ class TlsKafka : public RelayTest {
  protected:
   static void TearDownTestSuite() {
     broker_.reset();
+    issuer_.reset();
     ca_.reset();
   }
 
-  // The suite's broker: PLAINTEXT for the test's reads, SASL_SSL (SCRAM-SHA-512,
-  // PEM keystore) for the relay.
+  // The suite's broker: PLAINTEXT for the test's reads, SASL_SSL (PLAIN,
+  // SCRAM-SHA-512, OAUTHBEARER; PEM keystore) for the relay.
   ThrowawayKafka& Broker() {
     if (!broker_) {
       ca_ = std::make_unique<TestCa>();
+      issuer_ = std::make_unique<OidcIssuer>(OidcIssuer::Options{.client_secret = kOidcSecret});
       auto started = std::chrono::steady_clock::now();
       broker_ = std::make_unique<ThrowawayKafka>(
           std::map<std::string, std::string>{
@@ -222,19 +230,30 @@ class TlsKafka : public RelayTest {
                "PLAINTEXT://127.0.0.1:{port},SASL_SSL://127.0.0.1:{extra_port}"},
               {"listener.security.protocol.map",
                "PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT"},
-              {"sasl.enabled.mechanisms", "SCRAM-SHA-512,PLAIN"},
+              {"sasl.enabled.mechanisms", "SCRAM-SHA-512,PLAIN,OAUTHBEARER"},
               {"listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config",
                "org.apache.kafka.common.security.scram.ScramLoginModule required;"},
               {"listener.name.sasl_ssl.plain.sasl.jaas.config",
                fmt::format("org.apache.kafka.common.security.plain.PlainLoginModule required "
                            "user_relay=\"{}\";",
                            kKafkaPassword)},
+              // KIP-768: the broker verifies the tokens' RS256 signatures with the
+              // issuer's JWKS and checks their issuer, audience and expiry.
+              {"listener.name.sasl_ssl.oauthbearer.sasl.jaas.config",
+               "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;"},
+              {"listener.name.sasl_ssl.oauthbearer.sasl.server.callback.handler.class",
+               "org.apache.kafka.common.security.oauthbearer.OAuthBearerValidatorCallbackHandler"},
+              {"sasl.oauthbearer.jwks.endpoint.url", issuer_->jwks_endpoint()},
+              {"sasl.oauthbearer.expected.issuer", issuer_->issuer()},
+              {"sasl.oauthbearer.expected.audience", issuer_->audience()},
               {"listener.name.sasl_ssl.ssl.keystore.type", "PEM"},
               {"listener.name.sasl_ssl.ssl.keystore.location", ca_->server_key_and_cert()},
           },
           std::vector<std::string>{
-              "--add-scram",
-              fmt::format("SCRAM-SHA-512=[name=relay,password={}]", kKafkaPassword)});
+              "--add-scram", fmt::format("SCRAM-SHA-512=[name=relay,password={}]", kKafkaPassword)},
+          // Kafka 4 fetches OAUTHBEARER endpoints only from URLs allowed here.
+          std::vector<std::string>{"-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls=" +
+                                   issuer_->jwks_endpoint()});
       fmt::print("private SASL_SSL broker 127.0.0.1:{} up in {:.1f} s\n", broker_->extra_port(),
                  SecondsSince(started));
     }
@@ -250,8 +269,7 @@ class TlsKafka : public RelayTest {
 
   // The relay's Kafka settings for the SASL_SSL listener.
   // (One token per property: RelayArgs would take a second "--kafka-property"
-  // "value" pair for a new value of the first.) PLAIN by default: see
-  // DISABLED_ScramSha512 for why not SCRAM.
+  // "value" pair for a new value of the first.)
   std::vector<std::string> KafkaArgs(const std::string& password,
                                      const std::string& mechanism = "PLAIN") const {
     return {"--kafka-brokers",
@@ -263,12 +281,32 @@ class TlsKafka : public RelayTest {
             "--kafka-property=ssl.ca.location=" + ca_->ca_cert()};
   }
 
+  // The relay's Kafka settings for OAUTHBEARER with librdkafka's OIDC client
+  // (the client-credentials grant at the suite's issuer), over SASL_SSL.
+  std::vector<std::string> OidcArgs(const std::string& client_secret) const {
+    return {"--kafka-brokers",
+            fmt::format("127.0.0.1:{}", broker_->extra_port()),
+            "--kafka-property=security.protocol=SASL_SSL",
+            "--kafka-property=sasl.mechanisms=OAUTHBEARER",
+            "--kafka-property=sasl.oauthbearer.method=oidc",
+            "--kafka-property=sasl.oauthbearer.client.id=relay",
+            "--kafka-property=sasl.oauthbearer.client.secret=" + client_secret,
+            "--kafka-property=sasl.oauthbearer.token.endpoint.url=" + issuer_->token_endpoint(),
+            "--kafka-property=ssl.ca.location=" + ca_->ca_cert()};
+  }
+
+  void WrongThenRight(const std::string& what, const std::vector<std::string>& wrong_args,
+                      const std::vector<std::string>& right_args, const std::string& refusal,
+                      const std::string& hint = "sasl.password");
+
   static std::unique_ptr<TestCa> ca_;
+  static std::unique_ptr<OidcIssuer> issuer_;
   static std::unique_ptr<ThrowawayKafka> broker_;
   bool private_broker_ = false;
 };
 
 std::unique_ptr<TestCa> TlsKafka::ca_;
+std::unique_ptr<OidcIssuer> TlsKafka::issuer_;
 std::unique_ptr<ThrowawayKafka> TlsKafka::broker_;
 
 TEST_F(TlsKafka, SaslOverTlsDeliversAndNoSecretIsShown) {
@@ -317,14 +355,20 @@ TEST_F(TlsKafka, SaslOverTlsDeliversAndNoSecretIsShown) {
   ExpectNoSecret(relay.Log(), "the relay's log");
 }
 
-TEST_F(TlsKafka, WrongPasswordFailsClearlyAndLosesNothing) {
+// With the Kafka settings `wrong`: the relay stops at start (exit 2, the
+// setting and the refusal's words named, no secret shown), `check` says so
+// too, nothing is marked; with `right` everything written meanwhile is
+// delivered.
+void TlsKafka::WrongThenRight(const std::string& what, const std::vector<std::string>& wrong_args,
+                              const std::vector<std::string>& right_args,
+                              const std::string& refusal, const std::string& hint) {
   Broker();
   CreateTables();
   Ledger ledger;
   Writer writer(Workload(), &ledger, -1, 13);
   for (int i = 0; i < 10; ++i) ASSERT_TRUE(writer.Transaction({.rows = 2}));
 
-  std::vector<std::string> args = KafkaArgs(kWrongPassword);
+  std::vector<std::string> args = wrong_args;
   args.insert(args.end(), {"--create-topics", "true"});
   RelayProcess& wrong = StartRelay(args);
   EXPECT_EQ(wrong.Wait(seconds(60)), std::optional<int>(2)) << wrong.LogTail();
@@ -332,41 +376,46 @@ TEST_F(TlsKafka, WrongPasswordFailsClearlyAndLosesNothing) {
   EXPECT_NE(log.find("invalid setting --kafka-property (OUTBOX_KAFKA_PROPERTIES)"),
             std::string::npos)
       << log;
-  EXPECT_NE(log.find("Authentication failed"), std::string::npos) << log;  // the brokers' words
+  EXPECT_NE(log.find(refusal), std::string::npos) << log;  // the brokers' (or issuer's) words
+  EXPECT_NE(log.find(hint), std::string::npos) << log;     // the settings to check
   ExpectNoSecret(log, "the relay's log (wrong password)");
   EXPECT_EQ(UnackedRows(), 20) << "rows were marked without reaching Kafka";
 
   std::vector<std::string> check_args = {
       "check", "--table", "public." + name_, "--slot", name_, "--sample-rows", "0"};
-  std::vector<std::string> kafka_args = KafkaArgs(kWrongPassword);
-  check_args.insert(check_args.end(), kafka_args.begin(), kafka_args.end());
+  check_args.insert(check_args.end(), wrong_args.begin(), wrong_args.end());
   CommandResult check = RunRelayCommand(check_args, {{"DATABASE_URL", env_.database_url}});
   EXPECT_EQ(check.exit_code, 1) << check.Describe();
-  EXPECT_NE(check.out.find("Authentication failed"), std::string::npos) << check.Describe();
+  EXPECT_NE(check.out.find(refusal), std::string::npos) << check.Describe();
   ExpectNoSecret(check.out + check.err, "check output (wrong password)");
 
   // The right password: everything written meanwhile is delivered.
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(writer.Transaction({.rows = 1}));
-  std::vector<std::string> right = KafkaArgs(kKafkaPassword);
+  std::vector<std::string> right = right_args;
   right.insert(right.end(), {"--create-topics", "true"});
   RelayProcess& relay = StartRelay(right);
   ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
   EXPECT_EQ(WaitAllAcked(seconds(60)), 0) << relay.LogTail();
   DeliveryReport delivery = CheckDelivery(ledger.committed(), ledger.rolled_back(), ReadTopics());
-  fmt::print("wrong password, then the right one: {}\n", delivery.Summary());
+  fmt::print("{}: wrong secret, then the right one: {}\n", what, delivery.Summary());
   EXPECT_EQ(delivery.lost, 0u) << delivery.Samples();
   EXPECT_EQ(delivery.phantom, 0u) << delivery.Samples();
   ExpectNoSecret(relay.Log(), "the relay's log");
 }
 
-// KNOWN LIMITATION, not a relay bug: SASL/SCRAM-SHA-512 against Kafka 4.x
-// brokers fails with the librdkafka of Debian 12 (2.0.2): librdkafka before
-// 2.6.1 sends the server's nonce twice in the SCRAM client-final message, and
-// Kafka 4 checks it strictly ("Authentication failed during authentication due
-// to invalid credentials"; the credential itself verifies: same salt, same
-// stored key). Kafka 3.x brokers accept it. Enable this test where the relay
-// is built with librdkafka 2.6.1 or newer.
-TEST_F(TlsKafka, DISABLED_ScramSha512NeedsLibrdkafka261WithKafka4) {
+TEST_F(TlsKafka, WrongPasswordFailsClearlyAndLosesNothing) {
+  Broker();
+  WrongThenRight("PLAIN", KafkaArgs(kWrongPassword), KafkaArgs(kKafkaPassword),
+                 "Authentication failed");
+}
+
+// SASL/SCRAM-SHA-512 over TLS against the Kafka 4 broker. librdkafka before
+// 2.6.1 (Debian 12 packages 2.0.2) sends the server's nonce twice in the SCRAM
+// client-final message and Kafka 4 refuses it ("Authentication failed during
+// authentication due to invalid credentials", with the right password); the
+// relay links a current librdkafka (scripts/librdkafka). Delivered as a set:
+// nothing lost, no phantom, in order; `check` passes with the same settings.
+TEST_F(TlsKafka, ScramSha512OverTlsDeliversWithKafka4) {
   Broker();
   CreateTables();
   std::vector<std::string> args = KafkaArgs(kKafkaPassword, "SCRAM-SHA-512");
@@ -374,10 +423,80 @@ TEST_F(TlsKafka, DISABLED_ScramSha512NeedsLibrdkafka261WithKafka4) {
   RelayProcess& relay = StartRelay(args);
   ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
   Ledger ledger;
-  Writer writer(Workload(), &ledger, -1, 17);
-  for (int i = 0; i < 5; ++i) ASSERT_TRUE(writer.Transaction({.rows = 2}));
-  EXPECT_EQ(WaitAllAcked(seconds(60)), 0) << relay.LogTail();
+  {
+    Writer writer(Workload(), &ledger, -1, 17);
+    for (int i = 0; i < 30; ++i) ASSERT_TRUE(writer.Transaction({.rows = 1 + i % 4}));
+  }
+  ASSERT_EQ(WaitAllAcked(seconds(60)), 0) << relay.LogTail();
+  DeliveryReport delivery = CheckDelivery(ledger.committed(), ledger.rolled_back(), ReadTopics());
+  fmt::print("over SASL_SSL with SCRAM-SHA-512: {}\n", delivery.Summary());
+  EXPECT_EQ(delivery.lost, 0u) << delivery.Samples();
+  EXPECT_EQ(delivery.phantom, 0u) << delivery.Samples();
+  EXPECT_EQ(delivery.order_violations, 0u) << delivery.Samples();
+
+  std::vector<std::string> check_args = {
+      "check", "--table", "public." + name_, "--slot", name_, "--sample-rows", "0"};
+  std::vector<std::string> kafka_args = KafkaArgs(kKafkaPassword, "SCRAM-SHA-512");
+  check_args.insert(check_args.end(), kafka_args.begin(), kafka_args.end());
+  CommandResult check = RunRelayCommand(check_args, {{"DATABASE_URL", env_.database_url}});
+  EXPECT_EQ(check.exit_code, 0) << check.Describe();
+  EXPECT_NE(check.out.find("OK    kafka: 127.0.0.1:"), std::string::npos) << check.Describe();
+  ExpectNoSecret(check.out + check.err, "check output (SCRAM)");
+
+  relay.Terminate();
+  EXPECT_EQ(relay.Wait(seconds(40)), std::optional<int>(0)) << relay.LogTail();
   ExpectNoSecret(relay.Log(), "the relay's log (SCRAM)");
+}
+
+TEST_F(TlsKafka, ScramSha512WrongPasswordFailsClearlyAndLosesNothing) {
+  Broker();
+  WrongThenRight("SCRAM-SHA-512", KafkaArgs(kWrongPassword, "SCRAM-SHA-512"),
+                 KafkaArgs(kKafkaPassword, "SCRAM-SHA-512"), "Authentication failed");
+}
+
+// SASL/OAUTHBEARER with OIDC: librdkafka's own client (sasl.oauthbearer.method
+// =oidc) takes a token from the suite's issuer with the client-credentials
+// grant, and the Kafka 4 broker verifies it against the issuer's JWKS
+// (signature, issuer, audience, expiry). Delivered as a set; the secret never
+// shown. (librdkafka's OIDC client needs its libcurl: scripts/librdkafka
+// builds it in.)
+TEST_F(TlsKafka, OauthbearerOidcOverTlsDeliversWithKafka4) {
+  Broker();
+  CreateTables();
+  const size_t issued_before = issuer_->tokens_issued();
+  std::vector<std::string> args = OidcArgs(kOidcSecret);
+  args.insert(args.end(), {"--create-topics", "true"});
+  RelayProcess& relay = StartRelay(args);
+  ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
+  Ledger ledger;
+  {
+    Writer writer(Workload(), &ledger, -1, 19);
+    for (int i = 0; i < 30; ++i) ASSERT_TRUE(writer.Transaction({.rows = 1 + i % 4}));
+  }
+  ASSERT_EQ(WaitAllAcked(seconds(60)), 0) << relay.LogTail();
+  DeliveryReport delivery = CheckDelivery(ledger.committed(), ledger.rolled_back(), ReadTopics());
+  fmt::print(
+      "over SASL_SSL with OAUTHBEARER/OIDC: {}; the issuer gave {} tokens, served its "
+      "JWKS {} times\n",
+      delivery.Summary(), issuer_->tokens_issued() - issued_before, issuer_->jwks_served());
+  EXPECT_EQ(delivery.lost, 0u) << delivery.Samples();
+  EXPECT_EQ(delivery.phantom, 0u) << delivery.Samples();
+  EXPECT_EQ(delivery.order_violations, 0u) << delivery.Samples();
+  EXPECT_GE(issuer_->tokens_issued() - issued_before, 1u) << "the relay took no token";
+  EXPECT_GE(issuer_->jwks_served(), 1u) << "the broker never fetched the keys";
+  relay.Terminate();
+  EXPECT_EQ(relay.Wait(seconds(40)), std::optional<int>(0)) << relay.LogTail();
+  ExpectNoSecret(relay.Log(), "the relay's log (OIDC)");
+}
+
+// A client secret the issuer refuses: no token, so no connection to Kafka;
+// the relay stops at start naming the setting, nothing is marked.
+TEST_F(TlsKafka, OidcWrongClientSecretFailsClearlyAndLosesNothing) {
+  Broker();
+  const size_t refused_before = issuer_->tokens_refused();
+  WrongThenRight("OAUTHBEARER/OIDC", OidcArgs(kWrongPassword), OidcArgs(kOidcSecret),
+                 "invalid_client", "no token from the OAuth/OIDC token endpoint");
+  EXPECT_GE(issuer_->tokens_refused() - refused_before, 1u);
 }
 
 // KNOWN LEAKS, being fixed in the relay's configuration handling (the lead's

@@ -308,4 +308,60 @@ int32_t SaramaHashPartition(const std::string& key, int32_t partitions) {
   return p < 0 ? -p : p;
 }
 
+OpenKafkaTransaction::OpenKafkaTransaction(const std::string& brokers,
+                                           const std::string& transactional_id,
+                                           const std::string& topic, const std::string& key) {
+  char err[512];
+  rd_kafka_conf_t* conf = rd_kafka_conf_new();
+  for (const auto& [k, v] :
+       std::vector<std::pair<std::string, std::string>>{{"bootstrap.servers", brokers},
+                                                        {"transactional.id", transactional_id},
+                                                        {"transaction.timeout.ms", "60000"}}) {
+    if (rd_kafka_conf_set(conf, k.c_str(), v.c_str(), err, sizeof(err)) != RD_KAFKA_CONF_OK) {
+      throw std::runtime_error(err);
+    }
+  }
+  rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof(err));
+  if (rk == nullptr) throw std::runtime_error(err);
+  rk_ = rk;
+  auto check = [](rd_kafka_error_t* e, const char* what) {
+    if (e == nullptr) return;
+    std::string text = std::string(what) + ": " + rd_kafka_error_string(e);
+    rd_kafka_error_destroy(e);
+    throw std::runtime_error(text);
+  };
+  check(rd_kafka_init_transactions(rk, 30000), "init_transactions");
+  check(rd_kafka_begin_transaction(rk), "begin_transaction");
+  open_ = true;
+  std::string value = "{\"an\":\"open transaction of another producer\"}";
+  rd_kafka_resp_err_t e =
+      rd_kafka_producev(rk, RD_KAFKA_V_TOPIC(topic.c_str()),
+                        RD_KAFKA_V_KEY(const_cast<char*>(key.data()), key.size()),
+                        RD_KAFKA_V_VALUE(value.data(), value.size()),
+                        RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_END);
+  if (e != RD_KAFKA_RESP_ERR_NO_ERROR) throw std::runtime_error(rd_kafka_err2str(e));
+  rd_kafka_flush(rk, 30000);  // in the log, its transaction open
+}
+
+void OpenKafkaTransaction::Commit() {
+  if (!open_) return;
+  open_ = false;
+  if (rd_kafka_error_t* e = rd_kafka_commit_transaction(static_cast<rd_kafka_t*>(rk_), 30000)) {
+    rd_kafka_error_destroy(e);
+  }
+}
+
+void OpenKafkaTransaction::Abort() {
+  if (!open_) return;
+  open_ = false;
+  if (rd_kafka_error_t* e = rd_kafka_abort_transaction(static_cast<rd_kafka_t*>(rk_), 30000)) {
+    rd_kafka_error_destroy(e);
+  }
+}
+
+OpenKafkaTransaction::~OpenKafkaTransaction() {
+  Abort();
+  rd_kafka_destroy(static_cast<rd_kafka_t*>(rk_));
+}
+
 }  // namespace outbox_test

@@ -77,6 +77,26 @@ class KafkaReader {
   std::string brokers_;
 };
 
+// A transaction of another producer, left open: a transactional producer
+// (its own transactional.id) that begins, writes one record to `topic` and
+// waits until Commit or Abort (the destructor aborts). While it is open, a
+// read_committed consumer reads that partition no further than its record:
+// another relay frozen inside its commit.
+class OpenKafkaTransaction {
+ public:
+  OpenKafkaTransaction(const std::string& brokers, const std::string& transactional_id,
+                       const std::string& topic, const std::string& key);
+  ~OpenKafkaTransaction();
+  OpenKafkaTransaction(const OpenKafkaTransaction&) = delete;
+  OpenKafkaTransaction& operator=(const OpenKafkaTransaction&) = delete;
+  void Commit();
+  void Abort();
+
+ private:
+  void* rk_ = nullptr;  // rd_kafka_t
+  bool open_ = false;
+};
+
 // Sarama's NewHashPartitioner (what librdkafka's fnv1a partitioners copy):
 // FNV-1a 32 of the key, as int32 modulo the partition count, negated if negative.
 int32_t SaramaHashPartition(const std::string& key, int32_t partitions);

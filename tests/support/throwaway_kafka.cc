@@ -151,8 +151,11 @@ std::string KafkaLibsDir() {
 }
 
 ThrowawayKafka::ThrowawayKafka(std::map<std::string, std::string> properties,
-                               std::vector<std::string> format_args)
-    : properties_(std::move(properties)), format_args_(std::move(format_args)) {
+                               std::vector<std::string> format_args,
+                               std::vector<std::string> jvm_options)
+    : properties_(std::move(properties)),
+      format_args_(std::move(format_args)),
+      jvm_options_(std::move(jvm_options)) {
   Create();
 }
 
@@ -319,6 +322,7 @@ void ThrowawayKafka::Launch() {
   args.push_back(std::string("-Dlog4j2.configurationFile=") + OUTBOX_SOURCE_DIR +
                  "/scripts/kafka/log4j2.properties");
   args.push_back("-Dkafka.logs.dir=" + dir_ + "/logs");
+  args.insert(args.end(), jvm_options_.begin(), jvm_options_.end());
   args.push_back("-cp");
   args.push_back(libs_ + "/*");
   args.push_back("kafka.Kafka");

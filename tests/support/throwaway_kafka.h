@@ -52,11 +52,14 @@ class ThrowawayKafka {
   // e.g. {{"auto.create.topics.enable", "false"}}; in their values {port},
   // {controller_port} and {extra_port} stand for the broker's ports (the
   // extra one is free for a second listener, e.g. SASL_SSL). `format_args` go
-  // to `kafka-storage format` (e.g. --add-scram for SCRAM users). Starts the
-  // broker and waits until it answers on its PLAINTEXT port; throws (with the
-  // log tail) when it does not.
+  // to `kafka-storage format` (e.g. --add-scram for SCRAM users);
+  // `jvm_options` to the broker's JVM (e.g. a -D system property such as
+  // org.apache.kafka.sasl.oauthbearer.allowed.urls). Starts the broker and
+  // waits until it answers on its PLAINTEXT port; throws (with the log tail)
+  // when it does not.
   explicit ThrowawayKafka(std::map<std::string, std::string> properties = {},
-                          std::vector<std::string> format_args = {});
+                          std::vector<std::string> format_args = {},
+                          std::vector<std::string> jvm_options = {});
   // A cluster node: configured and formatted, not started (Launch, then
   // WaitAnswering: a node answers only once a quorum of voters runs).
   ThrowawayKafka(std::map<std::string, std::string> properties, KafkaNodeSpec node);
@@ -96,6 +99,7 @@ class ThrowawayKafka {
 
   std::map<std::string, std::string> properties_;
   std::vector<std::string> format_args_;
+  std::vector<std::string> jvm_options_;
   std::optional<KafkaNodeSpec> node_;
   std::string libs_;
   std::string dir_;

@@ -1,14 +1,16 @@
 // ThreadSanitizer builds only (OUTBOX_TSAN): C11 threads, mutexes and condition
 // variables routed through their pthread counterparts.
 //
-// Debian's librdkafka starts its threads with C11 `thrd_create`. glibc
+// librdkafka (built by scripts/librdkafka as Debian builds it: with C11
+// threads, which glibc has) starts its threads with C11 `thrd_create`. glibc
 // implements it without going through the `pthread_create` symbol, and GCC 12's
 // ThreadSanitizer intercepts only `pthread_create`: a thread librdkafka starts is
 // unknown to the sanitizer, and its first allocation through the sanitizer's
 // malloc dereferences a thread state that was never set up (SIGSEGV in
 // `SizeClassAllocator64LocalCache::Allocate`, first seen in the mock-cluster
 // tests, whose broker threads resolve addresses). Defining `thrd_create` in the
-// test executable interposes on glibc's for librdkafka, so every thread it
+// test executable takes the place of glibc's for librdkafka (linked into the
+// executable, it resolves to this one), so every thread it
 // starts is a thread the sanitizer knows. glibc's `thrd_t` is a `pthread_t` and
 // its `thrd_join` reads the thread's return value as an int stored in a
 // pointer, which is what the trampoline below returns.

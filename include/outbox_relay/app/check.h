@@ -75,6 +75,8 @@ struct TopicSample {
   int poison = 0;      // of those, rows that map to no topic
   std::string first_poison;
   std::map<std::string, std::pair<int, std::set<std::string>>> topics;  // -> rows, event types
+  // Exactly-once: the relay's transactional.id ("": unknown), the progress key.
+  std::string transactional_id;
 };
 
 void AddCheckFlags(CLI::App& app, CheckConfig& config);

@@ -91,6 +91,18 @@ std::string JsonQuote(std::string_view text);
 // 1536 -> "1.5 KiB", 0 -> "0 B" (binary units, as pg_size_pretty but with one decimal).
 std::string PrettyBytes(int64_t bytes);
 
+// What `outbox-relay version` prints, one "name: value" line each after the
+// first: the relay's version, then the libraries it runs with as they report
+// themselves (librdkafka's rd_kafka_version_str() and builtin.features,
+// libpq's PQlibVersion()) and whether the test-only faults are compiled in
+// (core/failpoint.h; the shipped image has none).
+//
+//   outbox-relay 0.1.0
+//   librdkafka: 2.14.2 (gzip, snappy, ssl, sasl, ..., oidc)
+//   libpq: 15.13
+//   failpoints: compiled in (OUTBOX_TEST_FAULT): a test build, not for production
+std::string VersionReport(std::string_view relay_version);
+
 // The exit code for an error that ends a command (run and every operations
 // command): kExitConfig for a setting or a privilege (kInvalidArgument,
 // kPermission), kExitOk for a stop request (kCancelled), kExitFailure

@@ -79,7 +79,7 @@ struct RelayConfig {
   SinkKind sink = SinkKind::kKafka;                    // --sink
   DeliveryMode delivery = DeliveryMode::kAtLeastOnce;  // --delivery
   std::string transactional_id;                        // "" = derived (system id, database, slot)
-  std::string progress_topic = "outbox-relay.progress";
+  std::string progress_topic;  // "": the relay's own (pipeline::DefaultProgressTopic)
   int64_t txn_interval_ms = 20;
   int64_t txn_max_rows = 10000;
   int64_t transaction_timeout_ms = 60000;
@@ -100,7 +100,15 @@ struct RelayConfig {
   bool create_topics = false;
   int64_t topic_partitions = 3;
   int64_t topic_replication_factor = -1;  // -1: the broker's default
+  // All addresses: a pod's probes come from the kubelet on its node and
+  // Prometheus scrapes the pod's IP (docs/configuration.md, "The HTTP port").
   std::string metrics_addr = "0.0.0.0:9464";
+  int64_t metrics_max_connections = 256;
+  int64_t metrics_max_connections_per_client = 8;
+  int64_t metrics_request_timeout_ms = 3000;
+  int64_t metrics_label_cap = 200;      // row-given values of a metric label (topic, event_type)
+  int64_t readyz_stall_timeout_s = 60;  // /readyz: rows not moving, or the marker failing
+  int64_t max_topics = 1000;            // distinct topics rows may go to
   int64_t row_count_interval_s = 60;
   LogConfig log;
 

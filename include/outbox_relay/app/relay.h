@@ -7,7 +7,7 @@
 //     ├─ tracking::AckTracker     what may be confirmed (the confirmation rule)
 //     ├─ marker::Marker           offset_acked + commit index (own thread, own connection)
 //     ├─ Sampler                  row counts, lag, slot WAL (own thread, own connection)
-//     └─ metrics::HttpServer      /metrics /healthz /readyz (civetweb's threads)
+//     └─ metrics::HttpServer      /metrics /healthz /readyz (its event loop and renderer)
 //
 // Threads and what each may touch:
 // - the loop thread (the one in Run) owns everything here and calls the
@@ -28,9 +28,11 @@
 #include <thread>
 
 #include "outbox_relay/app/config.h"
+#include "outbox_relay/app/recovery.h"
 #include "outbox_relay/app/sampler.h"
 #include "outbox_relay/app/signals.h"
 #include "outbox_relay/core/result.h"
+#include "outbox_relay/kafka/progress_log.h"
 #include "outbox_relay/marker/marker.h"
 #include "outbox_relay/marker/watermill_progress.h"
 #include "outbox_relay/metrics/http_server.h"
@@ -63,29 +65,40 @@ class Relay {
   Status Prepare();
   // --table-mode=seed: the table exists and has the columns.
   Status PrepareSeedTable(pg::Connection& conn);
+  // One phase of an attempt (app/recovery.h).
+  Status RunPhase(Phase phase, std::optional<pipeline::StreamSession>* session,
+                  std::optional<pipeline::PgSource>* source);
   // One replication connection, from START_REPLICATION to its end.
   Status Stream(std::optional<pipeline::StreamSession>* session,
                 std::optional<pipeline::PgSource>* source);
   // Before START_REPLICATION: after a promotion (the server writes another
   // timeline than the last stream), start from the new primary's copy of the
   // slot, never from a position confirmed on the old one (relay_failover.cc).
-  Status FollowPromotion(pg::Connection& replication_conn);
-  // The sink: the Kafka producer (transactional for exactly-once), or the null sink.
-  Result<std::unique_ptr<kafka::Sink>> MakeRelaySink();
-  // Exactly-once: the transactional.id (--transactional-id, or derived).
+  Status FollowPromotion(const pg::SystemIdentity& identity);
+  // The sink: the Kafka producer (transactional for exactly-once), or the null
+  // sink (relay_exactly_once.cc).
+  struct RelaySink {
+    std::unique_ptr<kafka::Sink> sink;
+    kafka::KafkaProducer* kafka = nullptr;  // the sink, when it is Kafka's
+  };
+  Result<RelaySink> MakeRelaySink();
+  // Exactly-once (relay_exactly_once.cc): the transactional.id
+  // (--transactional-id, or derived), and the progress topic.
   Result<std::string> TransactionalId();
-  // Exactly-once: fences earlier producers, makes sure of the progress topic
-  // and reads what Kafka already holds.
-  Status PrepareTransactions(kafka::KafkaProducer* producer);
-  // PrepareTransactions once per producer, when this instance owns the slot
-  // (before its backfill or its stream): a standby must not fence the active one.
-  Status EnsureTransactions();
-  // The publisher's Kafka-transaction settings (also after a new producer:
-  // one place, the test fault included).
+  std::string ProgressTopic() const;
+  // What the progress is trusted on: who this relay is, the server's WAL
+  // history and the slot's incarnation.
+  Result<pipeline::ProgressFacts> ProgressFactsOf(pg::Connection& replication_conn,
+                                                  const pg::SystemIdentity& identity);
+  // Starts the exactly-once unit once per producer, when this instance owns
+  // the slot (before its backfill or its stream: a standby must not fence the
+  // active one); rebases it when the history or the slot changed. `facts`:
+  // read on the stream's connection (nullptr: read now).
+  Status EnsureTransactions(const pipeline::ProgressFacts* facts = nullptr);
+  // The slot's walsender is still this relay's (before fencing anyone).
+  Status CheckSlotHeld();
+  // The unit's Kafka-transaction settings (the test fault included).
   pipeline::TransactionOptions TransactionOptionsOf() const;
-  // Exactly-once: a topic needs smaller batches than the producer makes: a
-  // new producer (a transaction is one producer's).
-  Status RecreateSinkIfNeeded();
   // Waits (bounded) for what is in flight, dead-lettering refused records.
   void Drain(std::chrono::milliseconds bound);
   // A new sink (Kafka producer) for the publisher; waits up to 10 s for a
@@ -95,7 +108,7 @@ class Relay {
   // closes the sink, forgets everything in flight and attaches a new one, so
   // the stream restarts at the confirmed position and the server sends it
   // all again. Without a process restart; nothing of it was confirmed.
-  Status RestartPipeline();
+  Status RestartPipeline(std::string_view why = {});
   // The delivery deadline (--kafka-delivery-timeout-ms), on its own thread:
   // fails overdue transactions in the tracker, which ends the stream.
   void StartWatchdog();
@@ -122,12 +135,16 @@ class Relay {
   // wakes and confirms them (declared before the marker, which uses it).
   pg::Doorbell marked_;
   std::unique_ptr<marker::Marker> marker_;
+  // Exactly-once: where the progress is kept (before the publisher, whose
+  // exactly-once unit reads and writes it).
+  std::unique_ptr<kafka::KafkaProgressLog> progress_log_;
   std::unique_ptr<pipeline::Publisher> publisher_;
   std::unique_ptr<pipeline::SlotSetup> slot_setup_;
   // Exactly-once: the producer's transactional.id, and the batch.size a
   // topic's max.message.bytes asked for (0: the default).
   std::string transactional_id_;
-  bool transactions_ready_ = false;  // PrepareTransactions done for the attached producer
+  kafka::KafkaProducer* kafka_producer_ = nullptr;  // the attached sink, when it is Kafka's
+  bool transactions_ready_ = false;                 // the unit started for the attached producer
   int64_t required_batch_size_ = 0;
   // --table-mode=watermill: the consumer group's positions (marker thread)
   // and the tables, their backfill and their joining.
@@ -137,6 +154,7 @@ class Relay {
   uint32_t timeline_ = 0;                         // the timeline the last stream read (0: none yet)
   std::atomic<int64_t> last_marker_error_ns_{0};  // the marker thread writes; steady clock
   uint64_t fatal_after_ = 0;                      // test failpoint (OUTBOX_TEST_FAULT)
+  bool stalled_before_init_ = false;              // test failpoint, once
   int last_walsender_pid_ = 0;                    // of our last replication connection
 
   std::thread watchdog_;  // touches tracker_ only
@@ -146,6 +164,15 @@ class Relay {
 
   std::mutex refresh_mu_;         // RefreshMetrics (HTTP threads)
   pipeline::RelayStats counted_;  // what RefreshMetrics already added to the counters
+
+  // /readyz. The marker thread notes since when its rounds fail (steady
+  // clock, 0: they do not) and why; Readyz notes the progress it last saw.
+  std::atomic<int64_t> marker_failing_since_ns_{0};
+  mutable std::mutex readyz_mu_;
+  std::string marker_failure_;           // guarded by readyz_mu_
+  mutable uint64_t seen_delivered_ = 0;  // guarded by readyz_mu_
+  mutable Lsn seen_confirmed_;           // guarded by readyz_mu_
+  mutable int64_t seen_moving_ns_ = 0;   // guarded by readyz_mu_: last progress, or idle
 
   // Last, so it is destroyed first: its threads call into the members above.
   std::unique_ptr<metrics::HttpServer> http_;

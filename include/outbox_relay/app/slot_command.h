@@ -45,7 +45,7 @@ struct SlotCommandConfig {
   // status: the exactly-once progress in Kafka (read when brokers are given;
   // TLS/SASL from OUTBOX_KAFKA_PROPERTIES as `run` reads them).
   std::string kafka_brokers;
-  std::string progress_topic = "outbox-relay.progress";
+  std::string progress_topic;    // "": the relay's own (pipeline::DefaultProgressTopic)
   std::string transactional_id;  // "" = derived as `run` derives it
   LogConfig log;
 };
@@ -93,6 +93,8 @@ struct SlotReport {
   struct KafkaSide {
     std::string topic, key;
     std::optional<pipeline::KafkaProgress> progress;  // nullopt: nothing committed
+    std::string owner;                                // whose record ("": format 1, unsaid)
+    uint32_t timeline = 0;                            // the timeline its position is on
     std::string error;                                // why it could not be read
   };
   std::optional<KafkaSide> kafka;

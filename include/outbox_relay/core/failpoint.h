@@ -12,6 +12,9 @@
 //                      (tests/integration/exactly_once_test)
 //   stall-stop:S       a stop hangs S seconds before closing the Kafka
 //                      producer (tests/integration/shutdown_test)
+//   stall-before-init:S  exactly-once: the first stream hangs S seconds after
+//                      START_REPLICATION, before it fences anyone
+//                      (tests/integration/exactly_once_test)
 //
 // Compiled in only where the build says so: CMake's OUTBOX_FAILPOINTS (ON for
 // development and test builds, OFF for the shipped image, docker/Dockerfile).

@@ -28,6 +28,7 @@ enum class ErrorCode {
   kAborted,          // the Kafka transaction was aborted, or the idempotent producer failed
                      // for good and is replaced: what it held is sent again
   kDuplicateKey,     // a row the statement inserts is there already (SQLSTATE 23505)
+  kFenced,           // another producer took the Kafka transactional.id over (exactly-once)
   kFatal,            // a state the process must not continue from
 };
 
@@ -53,6 +54,7 @@ inline Disposition DispositionOf(const Error& e) {
     case ErrorCode::kPermission:
     case ErrorCode::kCancelled:
     case ErrorCode::kDuplicateKey:
+    case ErrorCode::kFenced:
     case ErrorCode::kFatal:
       return Disposition::kStop;
   }

@@ -96,7 +96,7 @@ Result<std::map<std::string, std::string>> ProducerConfig(const ProducerOptions&
 // The second transactional.id of a transactional producer: `transactional_id` + ".2".
 std::string TwinTransactionalId(const std::string& transactional_id);
 
-class KafkaProducer final : public Sink {
+class KafkaProducer final : public TransactionalSink {
  public:
   // Starts the delivery-report and admin threads; reports go to `on_delivery`.
   static Result<std::unique_ptr<KafkaProducer>> Create(const ProducerOptions& options,
@@ -123,16 +123,13 @@ class KafkaProducer final : public Sink {
   // (e.g. an out-of-order sequence) would.
   void InjectFatalErrorForTest();
 
-  // --- transactional mode -----------------------------------------------
-  // Errors: kTransient (retriable: call again, a commit or abort resumes),
-  // kAborted (the transaction must be aborted), kFatal (the producer is
-  // done; fenced: another instance took the transactional.id over).
+  // --- transactional mode (TransactionalSink) --------------------------------
   bool transactional() const { return !options_.transactional_id.empty(); }
   // Fences earlier producers with the same transactional.id and completes
   // (aborts) what they left open.
-  Status InitTransactions(std::chrono::milliseconds timeout);
+  Status InitTransactions(std::chrono::milliseconds timeout) override;
   // Begins a transaction on the open lane.
-  Status BeginTransaction();
+  Status BeginTransaction() override;
   // A transaction ends in two steps, so that the next one can fill while the
   // coordinator commits this one. FlushTransaction waits until every record
   // of the open transaction is acknowledged (kTransient: not within
@@ -140,14 +137,14 @@ class KafkaProducer final : public Sink {
   // and answers the ending transaction's lane, to commit or abort: the next
   // transaction's records go out after every record of this one is written,
   // so partition order holds. Only one transaction may be ending at a time.
-  Status FlushTransaction(std::chrono::milliseconds timeout);
-  int HandOver();
+  Status FlushTransaction(std::chrono::milliseconds timeout) override;
+  int HandOver() override;
   // The lane of the open (or next) transaction.
-  int OpenLane() const;
-  Status CommitTransaction(int lane, std::chrono::milliseconds timeout);
-  Status AbortTransaction(int lane, std::chrono::milliseconds timeout);
+  int OpenLane() const override;
+  Status CommitTransaction(int lane, std::chrono::milliseconds timeout) override;
+  Status AbortTransaction(int lane, std::chrono::milliseconds timeout) override;
   // Set when a topic needs smaller batches than this producer makes.
-  std::optional<int64_t> RequiredBatchSize() const;
+  std::optional<int64_t> RequiredBatchSize() const override;
 
  private:
   struct Lane;

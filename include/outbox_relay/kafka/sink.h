@@ -62,6 +62,53 @@ class Sink {
   virtual int64_t BytesInFlight() const { return 0; }
 };
 
+// A sink that writes in Kafka transactions (exactly-once), as the
+// transactional KafkaProducer does and the pipeline tests' fake Kafka.
+//
+// Errors: kTransient (retriable: call again, a commit or abort resumes),
+// kAborted (the transaction must be aborted), kFenced (another producer took
+// the transactional.id over), kFatal (the producer is done).
+//
+// A transaction ends in two steps, so that the next one can fill while this
+// one commits: FlushTransaction waits until every record of the open one is
+// acknowledged; HandOver then makes the other lane the open one and answers
+// the ending transaction's lane, to Commit or Abort. The next transaction's
+// records go out after every record of this one was written, so partition
+// order holds. Only one transaction may be ending at a time.
+class TransactionalSink : public Sink {
+ public:
+  // Fences every earlier producer of the transactional.id and completes (aborts)
+  // what it left open.
+  virtual Status InitTransactions(std::chrono::milliseconds timeout) = 0;
+  // Begins a transaction on the open lane.
+  virtual Status BeginTransaction() = 0;
+  virtual Status FlushTransaction(std::chrono::milliseconds timeout) = 0;
+  virtual int HandOver() = 0;
+  // The lane of the open (or next) transaction.
+  virtual int OpenLane() const = 0;
+  virtual Status CommitTransaction(int lane, std::chrono::milliseconds timeout) = 0;
+  virtual Status AbortTransaction(int lane, std::chrono::milliseconds timeout) = 0;
+  // Set when a topic needs smaller batches than this producer makes: the
+  // pipeline starts again with a producer of that batch.size.
+  virtual std::optional<int64_t> RequiredBatchSize() const { return std::nullopt; }
+};
+
+// Where exactly-once delivery keeps its progress record (one value under the
+// relay's key in a compacted topic), as the KafkaProgressLog keeps it in
+// Kafka and the pipeline tests' fake Kafka in memory.
+class ProgressLog {
+ public:
+  virtual ~ProgressLog() = default;
+  // The topic is there as the relay needs it; kInvalidArgument when it cannot
+  // serve (a cleanup policy that deletes, say), naming the setting.
+  virtual Status Prepare() = 0;
+  // The newest committed value under `key` (nullopt: none). Never a stale
+  // one: when another producer's open transaction could hide a newer one,
+  // kTransient (after waiting for it, within a bound), naming the topic.
+  virtual Result<std::optional<std::string>> ReadLast(const std::string& key) = 0;
+  virtual const std::string& topic() const = 0;
+};
+
 // Accepts every record and reports it delivered at once, on the caller's
 // thread. For benchmarks of everything but Kafka.
 class NullSink final : public Sink {

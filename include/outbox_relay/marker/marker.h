@@ -46,11 +46,22 @@ namespace outbox_relay::marker {
 // tracker learns the batch is marked (an error is retried with the batch,
 // like a marking error); Idle when there was nothing to mark for a while,
 // and once more when the marker stops.
+//
+// A failure of the connection fails the round (retried, as a marking error).
+// A failure that concerns one part of the progress only (one Watermill
+// table's position: its table dropped, locked, its offsets table gone)
+// must not: the writer goes on with the rest, returns ok, and says what
+// failed through Failing() until it succeeds again, so that one table never
+// holds back the slot or another table's position.
 class ProgressWriter {
  public:
   virtual ~ProgressWriter() = default;
   virtual Status AfterMark(pg::Connection& conn) = 0;
   virtual Status Idle(pg::Connection& conn) = 0;
+  // What is failing without failing the rounds (one line; empty: nothing).
+  virtual std::string Failing() const { return {}; }
+  // Statements for each new marker connection, after the marker's own.
+  virtual std::string SessionSettings() const { return {}; }
 };
 
 struct MarkerOptions {
@@ -87,6 +98,10 @@ struct MarkerOptions {
   // Called on the marker's thread after the tracker has learnt of marked
   // transactions (the stream's loop then sends the slot's new position).
   std::function<void()> on_marked;
+  // Called on the marker's thread after every round that had something to
+  // do (a batch, or the progress writer's idle pass): ok, or what failed in
+  // it (the statement, or ProgressWriter::Failing). /readyz and a metric.
+  std::function<void(const Status& round)> on_round;
   // Connect and statement timeouts: a black-holed connection fails its
   // statement and is replaced (pg::NetworkOptions).
   pg::NetworkOptions network;
@@ -132,6 +147,8 @@ class Marker {
   };
 
   void Loop();
+  // Tells options_.on_round how the round went.
+  void Report(const Status& round);
   // Opens lane `i`'s connection; lane 0's also reads indexed_through_.
   Status Connect(size_t i);
   void Disconnect();

@@ -43,8 +43,21 @@
 // xmin as the bound, and turn the streaming rule off meanwhile
 // (SetStreaming).
 //
+// One table's failure is that table's alone (ProgressWriter's contract): a
+// position that cannot be written (its table dropped or renamed, an
+// ACCESS EXCLUSIVE lock held on it by a TRUNCATE or a migration, a row
+// locked by a polling forwarder) is retried for that table with a backoff,
+// while the other tables' positions, the commit index and the slot move on.
+// The marker's connections wait at most kLockTimeout for a lock, so that a
+// lock held for minutes holds nobody else. An offsets table dropped while
+// the relay runs is created again (watermill-sql's own DDL) and the
+// position written anew. Which table fails, since when and why is
+// Failing(): /readyz reports it once it lasts (--readyz-stall-timeout-s).
+// Tables that are gone are unfollowed by pipeline::WatermillTables (pattern)
+// or stop the relay (listed), which then calls SetTables.
+//
 // Threads: AfterMark and Idle on the marker thread; SetStreaming from the
-// loop thread; AdvanceTo on the caller's own connection.
+// loop thread; AdvanceTo on the caller's own connection; Failing anywhere.
 #pragma once
 
 #include <atomic>
@@ -87,6 +100,14 @@ class WatermillProgress final : public ProgressWriter {
 
   Status AfterMark(pg::Connection& conn) override;
   Status Idle(pg::Connection& conn) override;
+  std::string Failing() const override;
+  std::string SessionSettings() const override;
+
+  // A position write waits this long for a lock, then fails for its table alone.
+  static constexpr std::chrono::milliseconds kLockTimeout{200};
+
+  // watermill-sql's DDL of an offsets table (as its subscriber creates it).
+  static std::string CreateOffsetsSql(const pg::QualifiedName& offsets);
 
   // Moves `table`'s position for `group` to the last row with a transaction
   // id below `below_xid` and at or before `upto` (when given); never back.
@@ -103,16 +124,29 @@ class WatermillProgress final : public ProgressWriter {
     Lsn wal;
     std::chrono::steady_clock::time_point at;
   };
+  // Per table: how far its position is written, and its failure, if any.
+  struct TableState {
+    uint64_t written_bound = 0;                             // the bound last written with
+    std::chrono::steady_clock::time_point failing_since{};  // {}: not failing
+    std::chrono::steady_clock::time_point retry_at{};
+    std::chrono::milliseconds backoff{0};
+    std::string error;
+  };
   Status Advance(pg::Connection& conn);
+  // One table's position; an error that is the table's own is noted in
+  // `state` and returns ok; the connection's is returned.
+  Status AdvanceTable(pg::Connection& conn, const WatermillProgressTable& table, uint64_t bound,
+                      TableState& state);
 
   std::vector<WatermillProgressTable> tables_;
-  std::vector<uint64_t> written_bound_;  // per table: the bound last written with
+  std::vector<TableState> state_;  // parallel to tables_
+  uint64_t generation_ = 0;        // bumped by every change of tables_
   std::string group_;
   tracking::AckTracker* tracker_;
   std::atomic<bool> streaming_{false};
   std::atomic<bool> tables_changed_{false};
   std::vector<WatermillProgressTable> next_tables_;  // under mu_ via tables_changed_
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::deque<Sample> samples_;
   uint64_t bound_ = 0;  // the newest safe bound found
   std::chrono::steady_clock::time_point last_idle_{};

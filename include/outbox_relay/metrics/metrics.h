@@ -13,6 +13,17 @@
 // confirmed LSN, in-flight messages, commit-to-ack latency, heartbeat,
 // dead letters, standby state.
 //
+// Labels whose values come from rows (`topic`, `event_type`) are bounded:
+// a service that writes a request id into Event-Type must not grow the
+// process, nor Prometheus, without end. At most `label_cap` topics get a
+// series of outbox_forwarder_publish_duration_seconds, and at most
+// `label_cap` (topic, event_type) pairs one of events_published_total;
+// later values are counted under kOverflowValue ("__overflow__": the topic
+// when the topic is new, else the event type), so totals by topic stay
+// exact. outbox_relay_metric_label_overflow_total{metric} counts the
+// observations that went there, and the first overflow of each metric is
+// logged once.
+//
 // Threads: the Observe*/Count* methods are called from the delivery thread
 // and the replication loop; the label caches are per method and guarded.
 #pragma once
@@ -33,9 +44,15 @@ namespace outbox_relay::metrics {
 
 enum class ErrorReason { kKafkaUnavailable, kMarshal, kDbRead, kDbAck };
 
+// Why the HTTP listener closed a connection it had not answered.
+enum class HttpClosed { kEvicted, kTimeout };
+
 class Metrics {
  public:
-  explicit Metrics(std::string service);
+  static constexpr size_t kDefaultLabelCap = 200;
+  static constexpr std::string_view kOverflowValue = "__overflow__";
+
+  explicit Metrics(std::string service, size_t label_cap = kDefaultLabelCap);
 
   prometheus::Registry& registry() { return *registry_; }
   std::shared_ptr<prometheus::Registry> registry_ptr() { return registry_; }
@@ -45,6 +62,11 @@ class Metrics {
   void ObserveCommitToAck(double seconds) { commit_to_ack_->Observe(seconds); }
   void CountError(ErrorReason reason);
   void CountDeadLetter(double n = 1) { dead_lettered_->Increment(n); }
+  void CountHttpClosed(HttpClosed why) { http_closed_[static_cast<int>(why)]->Increment(); }
+  // Marking rounds that failed: the marking statement, or a Watermill
+  // table's position (the other tables' positions and the slot still move).
+  void CountMarkerRoundFailed() { marker_rounds_failed_->Increment(); }
+  size_t label_cap() const { return label_cap_; }
 
   // Sampled state.
   prometheus::Gauge& rows_acked() { return *rows_acked_; }
@@ -74,6 +96,7 @@ class Metrics {
 
  private:
   std::string service_;
+  const size_t label_cap_;
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Histogram>* publish_duration_;
   prometheus::Family<prometheus::Counter>* published_;
@@ -90,12 +113,25 @@ class Metrics {
   prometheus::Counter* marker_statements_;
   prometheus::Histogram* kafka_txn_commit_;
   prometheus::Counter* pipeline_restarts_;
+  prometheus::Counter* http_closed_[2];
+  prometheus::Counter* marker_rounds_failed_;
+  prometheus::Counter* overflow_published_;  // label_overflow_total{metric=events_published_total}
+  prometheus::Counter* overflow_duration_;  // ...{metric=outbox_forwarder_publish_duration_seconds}
 
-  // (topic, event_type) -> counter / (topic, result) -> histogram.
+  // (topic, event_type) -> counter / (topic, result) -> histogram; each
+  // holds at most label_cap_ row-given values (plus the overflow ones).
   std::mutex mu_;
   std::string key_;
-  std::unordered_map<std::string, prometheus::Counter*> published_cache_;
-  std::unordered_map<std::string, prometheus::Histogram*> duration_cache_;
+  struct TopicSeries {
+    prometheus::Histogram* ok = nullptr;
+    prometheus::Histogram* error = nullptr;
+    prometheus::Counter* overflow = nullptr;  // its events of event types over the cap
+  };
+  std::unordered_map<std::string, prometheus::Counter*> published_cache_;  // topic \0 event_type
+  std::unordered_map<std::string, TopicSeries> topics_;                    // at most label_cap_
+  TopicSeries overflow_topic_;  // the topics over the cap
+  bool published_warned_ = false;
+  bool duration_warned_ = false;
 };
 
 }  // namespace outbox_relay::metrics

@@ -15,6 +15,7 @@
 
 #include "outbox_relay/core/lsn.h"
 #include "outbox_relay/core/result.h"
+#include "outbox_relay/core/wal_history.h"
 #include "outbox_relay/pg/connection.h"
 #include "outbox_relay/walproto/walproto.h"
 
@@ -57,6 +58,11 @@ struct SystemIdentity {
   Lsn xlogpos;
 };
 Result<SystemIdentity> IdentifySystem(Connection& replication_conn);
+
+// The server's WAL history now (core/wal_history.h): IDENTIFY_SYSTEM's
+// timeline and, past the first, TIMELINE_HISTORY's file of it. `identity`:
+// what IdentifySystem answered on this connection.
+Result<WalHistory> ServerWalHistory(Connection& replication_conn, const SystemIdentity& identity);
 
 struct CreatedSlot {
   Lsn consistent_point;

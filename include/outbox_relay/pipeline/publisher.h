@@ -41,7 +41,8 @@
 #include "outbox_relay/metrics/metrics.h"
 #include "outbox_relay/outbox/dead_letter.h"
 #include "outbox_relay/outbox/record.h"
-#include "outbox_relay/pipeline/kafka_progress.h"
+#include "outbox_relay/pipeline/exactly_once.h"
+#include "outbox_relay/pipeline/keep_alive.h"
 #include "outbox_relay/pipeline/stats.h"
 #include "outbox_relay/pipeline/stop.h"
 #include "outbox_relay/tracking/ack_tracker.h"
@@ -65,42 +66,29 @@ struct PublisherOptions {
   int64_t max_in_flight_bytes = 1 << 20;        // their bytes the sink holds (BytesInFlight)
   size_t max_awaiting_mark = 8000;              // delivered transactions not yet marked
   std::chrono::milliseconds stop_grace{12500};  // waits give up this long after a stop
+  // Distinct topics rows may go to (--max-topics): the topic comes from the
+  // row (the template), and each new one costs the producer a topic handle
+  // kept for good, a wait for its metadata and, with --create-topics, a
+  // topic on the cluster. A row whose topic would be one more is poison.
+  size_t max_topics = 1000;
 };
 
-// Exactly-once delivery (--delivery=exactly-once): the sink is a
-// transactional producer; consecutive PostgreSQL transactions go into one
-// Kafka transaction together with a progress record (KafkaProgress, in
-// `progress_topic` under `key`), committed every `interval` or `max_rows`.
-// The interval counts from the Kafka transaction's first row. The stream
-// session bounds its wait for the server by CommitDueAt, so a lone row
-// commits on its interval, not on the server's next message.
-// A commit is two steps on a worker thread: its records are flushed (all
-// acknowledged), then the producer hands the transaction over and the
-// coordinator commits it while the loop fills the next Kafka transaction on
-// the producer's other lane. During the flush the loop reads on: the next
-// transaction's records wait in the publisher (within the in-flight window)
-// and go to the producer at the hand-over, after every record of the one
-// before. The next one commits only after the first has: a Kafka
-// transaction fails, and is aborted, with every transaction after it.
-// A PostgreSQL transaction of the open Kafka transaction is held (tracker
-// Hold) until that commits; if it aborts, the transaction is abandoned and
-// the session ends (kAborted): the slot sends it again, and what Kafka already
-// has (at or before the committed progress) is marked but not produced again.
-struct TransactionOptions {
-  std::string progress_topic = "outbox-relay.progress";
-  std::string key;  // the relay's identity: its transactional.id
-  std::chrono::milliseconds interval{20};
-  int64_t max_rows = 10000;
-  // Failpoint: false produces again what Kafka already has (the harness proves
-  // it would see the duplicates).
-  bool skip_committed = true;
-};
-
-// Called while the publisher waits, to keep the walsender content.
-class KeepAlive {
+// Log lines whose number rows decide (one per dead-lettered row): at most
+// `burst` per `window`, then one line saying how many were left out.
+// The loop thread's.
+class LogBudget {
  public:
-  virtual ~KeepAlive() = default;
-  virtual Status Touch() = 0;
+  LogBudget(int burst, std::chrono::seconds window) : burst_(burst), window_(window) {}
+  // True when this line may be logged. `*suppressed` is set to the lines
+  // left out since the last one logged (to say so in it).
+  bool Allow(uint64_t* suppressed);
+
+ private:
+  const int burst_;
+  const std::chrono::seconds window_;
+  std::chrono::steady_clock::time_point window_start_{};
+  int used_ = 0;
+  uint64_t suppressed_ = 0;
 };
 
 class Publisher {
@@ -108,7 +96,7 @@ class Publisher {
   static Result<std::unique_ptr<Publisher>> Create(PublisherOptions options,
                                                    tracking::AckTracker* tracker, RelayStats* stats,
                                                    metrics::Metrics* metrics, StopSignal* stop);
-  ~Publisher();  // joins a commit or abort in progress
+  ~Publisher();  // ends the exactly-once unit (a commit in progress), then the sink
   Publisher(const Publisher&) = delete;
   Publisher& operator=(const Publisher&) = delete;
 
@@ -147,31 +135,30 @@ class Publisher {
   void InjectFatalAfter(uint64_t n, std::function<void()> inject);
 
   // --- exactly-once (loop thread) -------------------------------------------
-  // `producer` is the attached sink, transactional and initialised;
-  // `committed` what Kafka holds (read back at start).
-  void EnableTransactions(TransactionOptions options, kafka::KafkaProducer* producer,
-                          KafkaProgress committed);
-  bool transactional() const { return txn_.has_value(); }
-  // Commits the open Kafka transaction when it is due (its interval, its
-  // rows, or a full in-flight window; or `force`), and
-  // finishes a commit or an abort in progress. kAborted: the open Kafka
-  // transaction was aborted and the session must end; kFatal (fenced).
-  Status Tick(bool force = false);
-  // Commits the open Kafka transaction and waits for it, at most `timeout`
-  // (a session that ends for a reason other than an abort, shutdown).
-  Status FinishTransaction(std::chrono::milliseconds timeout, KeepAlive* keep);
-  // Aborts the open Kafka transaction (if any) and waits for it, at most
-  // `timeout`: what it held is sent again.
-  Status AbortTransaction(std::chrono::milliseconds timeout);
-  // When the loop must look again: the open Kafka transaction's commit is
-  // due by its interval, or one ending may have ended (time_point::max():
-  // nothing to wait for).
-  std::chrono::steady_clock::time_point CommitDueAt() const;
-  // The transaction `tx` is read to its Commit.
-  void NotePgCommit(tracking::Transaction* tx);
-  // The backfill under way (its stored snapshot), or none.
-  void SetBackfill(std::optional<std::string> snapshot);
-  const KafkaProgress& committed_progress() const { return committed_; }
+  // Exactly-once delivery (ExactlyOnce, exactly_once.h): `sink` is the attached
+  // sink, transactional; `log` where the progress is kept. The unit lives
+  // until the sink is closed; ExactlyOnce::Start fences and reads back.
+  ExactlyOnce* EnableTransactions(TransactionOptions options, kafka::TransactionalSink* sink,
+                                  kafka::ProgressLog* log);
+  ExactlyOnce* transactions() const { return eos_.get(); }
+  bool transactional() const { return eos_ != nullptr; }
+  // The unit's, when there is one (see ExactlyOnce); no-ops without.
+  Status Tick(bool force = false) { return eos_ ? eos_->Tick(force) : Ok(); }
+  Status FinishTransaction(std::chrono::milliseconds timeout, KeepAlive* keep) {
+    return eos_ ? eos_->Finish(timeout, keep) : Ok();
+  }
+  Status AbortTransaction(std::chrono::milliseconds timeout) {
+    return eos_ ? eos_->Abort(timeout) : Ok();
+  }
+  std::chrono::steady_clock::time_point CommitDueAt() const {
+    return eos_ ? eos_->CommitDueAt() : std::chrono::steady_clock::time_point::max();
+  }
+  void NotePgCommit(tracking::Transaction* tx) {
+    if (eos_) eos_->NotePgCommit(tx);
+  }
+  void SetBackfill(std::optional<std::string> snapshot) {
+    if (eos_) eos_->SetBackfill(std::move(snapshot));
+  }
 
  private:
   struct RefusedRecord {
@@ -199,6 +186,9 @@ class Publisher {
   StopSignal* const stop_;
   outbox::RecordMapper mapper_;
   outbox::DeadLetterBuilder dead_letters_;
+  // The topics rows went to (at most options_.max_topics; loop thread).
+  std::set<std::string, std::less<>> topics_;
+  LogBudget dead_letter_log_{20, std::chrono::seconds(60)};
   std::unique_ptr<kafka::Sink> sink_;
   uint64_t fatal_after_ = 0;  // failpoint
   std::function<void()> inject_fatal_;
@@ -207,73 +197,11 @@ class Publisher {
   std::vector<RefusedRecord> refused_;
   std::atomic<bool> has_refused_{false};
 
-  // Exactly-once state: the loop thread's, but for `must_abort_`,
-  // `refused_uuids_` (the sink's threads write) and the worker's result.
-  // kFlushing: the ending Kafka transaction's records are being flushed (the
-  // next one's wait in deferred_); kCommitting: it was handed over and is
-  // committing; kAborting: every Kafka transaction not committed is being
-  // aborted (the loop reads nothing).
-  enum class TxnState { kIdle, kFlushing, kCommitting, kAborting };
-  Status JoinTransaction(tracking::Transaction* tx);
-  Status StartCommit();
-  void StartAbort(std::string reason);
-  // The worker's step the loop has to see: a hand-over, then its end.
-  Status Poll();
-  // Calls `step` (a bounded wait) until it is done or fails for good; a
-  // stop request gives up after the stop grace (kCancelled).
-  Status RetryStep(const std::function<Status(std::chrono::milliseconds)>& step) const;
-  // How often the loop looks whether a commit handed over has ended.
-  static constexpr std::chrono::milliseconds kCommitPoll{2};
-  Status FinishWorker();
-  std::optional<TransactionOptions> txn_;
-  kafka::KafkaProducer* producer_ = nullptr;
-  KafkaProgress committed_;  // what Kafka holds, committed
-  KafkaProgress pending_;    // what it holds once the open Kafka transaction commits
-  std::optional<std::string> backfill_snapshot_;
-  bool txn_open_ = false;
-  int64_t txn_rows_ = 0;
-  std::chrono::steady_clock::time_point txn_started_;  // its first row
-  std::chrono::steady_clock::time_point commit_started_;
-  std::vector<tracking::Transaction*> txn_members_;  // held until the commit
-  TxnState state_ = TxnState::kIdle;
-  // The Kafka transaction ending (kFlushing, kCommitting), or one whose
-  // commit failed and is to be aborted with the open one: its members, what
-  // Kafka holds once it commits, and its producer lane once handed over.
-  bool ending_ = false;
-  std::vector<tracking::Transaction*> ending_members_;
-  KafkaProgress ending_progress_;
-  int ending_lane_ = 0;                   // written by the worker before handed_over_
-  std::atomic<bool> handed_over_{false};  // ... and it stays set until the next StartCommit
-  // The open Kafka transaction's first rows, read while the one before is
-  // flushed: it begins, and they go to the producer, at the hand-over.
-  bool begin_deferred_ = false;
-  // Their transactions in order; their topic, event type, key, value and
-  // headers one after another in deferred_data_, with the lengths in
-  // deferred_lengths_ (-1: no key or value; before the headers, their count).
-  // Cleared, not freed, at each hand-over: no allocation per row.
-  std::vector<tracking::Transaction*> deferred_;
-  std::string deferred_data_;
-  std::vector<int64_t> deferred_lengths_;
-  int64_t deferred_bytes_ = 0;
-  void Defer(const outbox::KafkaRecord& record, tracking::Transaction* tx);
-  // At the hand-over: begins the open transaction and produces deferred_.
-  Status ProduceDeferred();
-  void DropDeferred();
-  int aborting_ = 0;  // Kafka transactions the abort under way ends
   // InFlightFull's hysteresis (the loop thread's alone): set at the bound,
   // cleared at three quarters of it.
   mutable bool in_flight_full_ = false;
-  std::string abort_reason_;
-  std::string progress_value_;  // the progress record being committed
-  std::thread worker_;          // runs a blocking flush and commit, or the aborts
-  std::atomic<bool> worker_done_{false};
-  Status worker_result_;
-  std::atomic<bool> must_abort_{false};
-  std::mutex refused_uuids_mu_;
-  // Refused by the broker in an aborted transaction; std::less<> looks a
-  // row's uuid up as a string_view (no allocation per row).
-  std::set<std::string, std::less<>> refused_uuids_;
-  std::string must_abort_reason_;  // guarded by refused_uuids_mu_
+  // Exactly-once: declared after the sink, destroyed before it (it calls it).
+  std::unique_ptr<ExactlyOnce> eos_;
 };
 
 }  // namespace outbox_relay::pipeline

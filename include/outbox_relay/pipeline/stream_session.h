@@ -47,7 +47,7 @@ struct SessionOptions {
   // per table the consumer group's position when the stream started.
   std::vector<OutboxTable> tables;
   std::map<std::string, outbox::TablePosition> processed;
-  TableRouter::Selects selects;  // see TableRouter
+  TableRouter::Unrouted unrouted;  // see TableRouter
   // When set and true: end the session between transactions with kTransient
   // (the supervisor lets new tables join the publication, then reconnects).
   const std::atomic<bool>* end_requested = nullptr;
@@ -68,8 +68,21 @@ class StreamSession final : public KeepAlive {
   StreamSession(const StreamSession&) = delete;
   StreamSession& operator=(const StreamSession&) = delete;
 
-  // Reads until a stop between transactions (Ok) or an error.
+  // Reads until a stop between transactions (Ok) or an error: Step, and
+  // between steps the wait a step asks for.
   Status Run();
+  // One turn of the loop, never blocking on the server: everything that is
+  // due (a commit, a status update, dead letters), then one message if one
+  // is there. kWaiting: nothing to read (Run waits for the socket, at most
+  // WaitBound()); kHeldBack: too much in flight, the loop reads nothing
+  // (Run waits for the tracker); kDone: stopped between transactions.
+  // Tests drive it on a ManualClock instead of Run.
+  struct StepResult {
+    enum State { kBusy, kWaiting, kHeldBack, kDone } state;
+  };
+  Result<StepResult> Step();
+  // How long Run waits for the server when there is nothing to read.
+  std::chrono::milliseconds WaitBound() const;
   // The transaction that was open when Run returned (nullptr: none).
   tracking::Transaction* TakeOpenTransaction();
 
@@ -84,8 +97,6 @@ class StreamSession final : public KeepAlive {
   Status HandleInsert(const pgoutput::Insert& insert);
   Status HandleRelation(const pgoutput::Relation& relation);
   void LogProgress();
-  // How long to wait for the server when there is nothing to read.
-  std::chrono::milliseconds WaitBound() const;
 
   const SessionOptions options_;
   ReplicationSource* const source_;
@@ -102,7 +113,7 @@ class StreamSession final : public KeepAlive {
   pgoutput::DecodedMessage insert_message_;  // its own: tuple storage survives Begin/Commit
   TableRouter router_;
   tracking::Transaction* open_tx_ = nullptr;
-  std::chrono::steady_clock::time_point last_progress_log_{};
+  Clock::time_point last_progress_log_{};
 };
 
 }  // namespace outbox_relay::pipeline

@@ -41,6 +41,25 @@
 // (ColumnMap::processed): after the polling forwarder ran for a while, the
 // relay resumes without republishing what it published.
 //
+// Tables that change under the relay. The discovery thread also notices a
+// followed table that is gone (dropped, renamed) or no longer has
+// watermill-sql's columns, and the TableRouter a Relation that says so
+// (OnUnrouted); either ends the session between transactions, and
+// BeforeStream resolves the tables again:
+//   - listed (--watermill-tables, --watermill-forwarder-tables): the relay
+//     delivers what it read and stops, naming the table and the setting;
+//   - matched by the pattern: the table is unfollowed (no position is
+//     written for it any more) but stays "retired": rows written to it
+//     before it went, which the stream sends under its old name, are still
+//     published. A name that ended a session once and still cannot be
+//     followed is retired likewise (the relay restarted meanwhile), or
+//     skipped when its topic cannot be told: a table never stalls the
+//     stream by ending session after session.
+//   - truncated: nothing to do for the stream (it carries inserts only);
+//     a TRUNCATE's lock held on the table delays that table's position
+//     only (marker::WatermillProgress);
+//   - its offsets table dropped: created again by the progress writer.
+//
 // Threads: everything on the loop thread, except the discovery thread (its
 // own connection; it only sets end_requested).
 #pragma once
@@ -51,6 +70,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -138,6 +158,13 @@ class WatermillTables {
   Status BeforeStream();
 
   const std::vector<OutboxTable>& tables() const { return tables_; }
+  // What the stream routes: the followed tables and the retired ones.
+  std::vector<OutboxTable> routed_tables() const;
+  // TableRouter::Unrouted, on the loop thread: true (and the session ends)
+  // the first time a Relation names a selected table that is not routed, or
+  // a routed table renamed or no longer fitting; false after that, or for a
+  // table the settings do not select.
+  bool OnUnrouted(std::string_view schema, std::string_view name, const OutboxTable* previous);
   const std::map<std::string, outbox::TablePosition>& positions() const { return positions_; }
 
   // Looks for selected tables outside the publication while the stream runs.
@@ -162,6 +189,10 @@ class WatermillTables {
   Status WaitDelivered();
   void UpdateProgressTables();
   void DiscoveryLoop();
+  // After Resolve (`resolved`) and the joins: the tables followed `before`
+  // that no longer resolve, and the names that ended a session without being
+  // followed since, become retired ones.
+  void Retire(const std::vector<OutboxTable>& before, const std::vector<OutboxTable>& resolved);
 
   const WatermillSettings settings_;
   const WatermillOptions options_;
@@ -171,13 +202,17 @@ class WatermillTables {
   StopSignal* const stop_;
   marker::WatermillProgress* const progress_;  // null without marking
   std::vector<OutboxTable> tables_;
+  std::vector<OutboxTable> retired_;  // routed, no position written
   std::map<std::string, outbox::TablePosition> positions_;
+  std::set<std::string> unrouted_seen_;            // OnUnrouted's keys
+  std::vector<pg::QualifiedName> unrouted_names_;  // since the last BeforeStream
 
   std::atomic<bool> end_requested_{false};
   std::thread discovery_;
   std::mutex discovery_mu_;
   std::condition_variable discovery_cv_;
   bool discovery_stop_ = false;
+  std::set<std::string> followed_names_;  // guarded by discovery_mu_
 };
 
 }  // namespace outbox_relay::pipeline

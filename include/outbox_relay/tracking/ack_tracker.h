@@ -27,6 +27,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -129,9 +130,19 @@ class AckTracker {
   // holds some of its rows (one hold per such Kafka transaction).
   void Hold(Transaction* tx);
   void ReleaseHold(Transaction* tx);
-  // That Kafka transaction was aborted: `tx` never confirms and is never
-  // marked (its rows are sent again); releases the hold.
-  void AbandonHeld(Transaction* tx);
+  // Those Kafka transactions were aborted: `txs` never confirm and are never
+  // marked (their rows are sent again); releases their holds. Every
+  // transaction after the first of them is abandoned too: the stream ends and
+  // the slot sends them all again, so none of them (a transaction without
+  // rows, one whose rows Kafka already had) may move the confirmed position
+  // past the first.
+  void AbandonHeld(const std::vector<Transaction*>& txs);
+  // Exactly-once: calls `fn` for every transaction in flight that has rows
+  // and is neither marked nor abandoned, in stream order: what Kafka holds, or
+  // will once the open Kafka transaction commits, and the table may not show
+  // marked (the progress record's unmarked rows). Under the tracker's lock:
+  // keep `fn` short.
+  void ForEachUnmarked(const std::function<void(const Transaction&)>& fn) const;
   // Idle rule: if nothing is in flight, confirm up to the server's `wal_end`.
   // Returns true when the confirmed position moved.
   bool FollowServer(Lsn wal_end);

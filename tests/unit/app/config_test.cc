@@ -178,9 +178,6 @@ TEST(Validate, ExactlyOnceIsParsedAndItsSettingsAreCheckedByName) {
   bad.sink = SinkKind::kNull;
   refused(bad, "--delivery");
   bad = c;
-  bad.progress_topic = "";
-  refused(bad, "--progress-topic");
-  bad = c;
   bad.txn_interval_ms = 0;
   refused(bad, "--txn-interval-ms");
   bad = c;

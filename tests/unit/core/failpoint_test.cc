@@ -23,10 +23,10 @@ TEST(Failpoint, ParseSplitsNameAndArgumentAtTheFirstColon) {
   EXPECT_EQ(colons->argument, "a:b");
 }
 
-// The tests' build compiles the failpoints in (CMake refuses tests without
-// them); only the named one is active, and only while the variable says so.
+// A test build compiles the failpoints in: only the named one is active, and
+// only while the variable says so.
 TEST(Failpoint, OnlyTheNamedFaultIsActive) {
-  ASSERT_TRUE(kCompiledIn);
+  if constexpr (!kCompiledIn) GTEST_SKIP() << "a production build: ProductionBuildHasNone";
   ::setenv(kVariable, "fatal-after:7", 1);
   EXPECT_EQ(Active("fatal-after"), std::optional<std::string_view>("7"));
   EXPECT_FALSE(Active("fatal").has_value());
@@ -34,6 +34,17 @@ TEST(Failpoint, OnlyTheNamedFaultIsActive) {
   ::unsetenv(kVariable);
   EXPECT_FALSE(Active("fatal-after").has_value());
   EXPECT_FALSE(Requested().has_value());
+}
+
+// The production build (OUTBOX_FAILPOINTS=OFF, scripts/test's build-prod):
+// the variable is seen, so that `run` can say it is ignored, and no fault is
+// ever active.
+TEST(Failpoint, ProductionBuildHasNone) {
+  if constexpr (kCompiledIn) GTEST_SKIP() << "a test build: OnlyTheNamedFaultIsActive";
+  ::setenv(kVariable, "fatal-after:7", 1);
+  EXPECT_TRUE(Requested().has_value());
+  EXPECT_FALSE(Active("fatal-after").has_value());
+  ::unsetenv(kVariable);
 }
 
 }  // namespace

@@ -113,6 +113,7 @@ TEST(ErrorCodeName, NamesEveryCode) {
   EXPECT_EQ(ErrorCodeName(ErrorCode::kSlotLost), "slot_lost");
   EXPECT_EQ(ErrorCodeName(ErrorCode::kPermission), "permission");
   EXPECT_EQ(ErrorCodeName(ErrorCode::kDuplicateKey), "duplicate_key");
+  EXPECT_EQ(ErrorCodeName(ErrorCode::kFenced), "fenced");
   EXPECT_EQ(ErrorCodeName(ErrorCode::kFatal), "fatal");
 }
 
@@ -126,6 +127,7 @@ TEST(DispositionOf, RetriesOnlyWhatMaySucceedLaterAndDeadLettersOnlyPoison) {
   EXPECT_EQ(DispositionOf({ErrorCode::kSlotLost, ""}), Disposition::kStop);
   EXPECT_EQ(DispositionOf({ErrorCode::kPermission, ""}), Disposition::kStop);
   EXPECT_EQ(DispositionOf({ErrorCode::kDuplicateKey, ""}), Disposition::kStop);
+  EXPECT_EQ(DispositionOf({ErrorCode::kFenced, ""}), Disposition::kStop);
   EXPECT_EQ(DispositionOf({ErrorCode::kFatal, ""}), Disposition::kStop);
 }
 

@@ -245,7 +245,7 @@ TEST_F(MockClusterTest, RetriableProduceErrorsLoseNothingAndKeepPartitionOrder) 
 }
 
 // What an out-of-order sequence does to an idempotent producer (librdkafka
-// before 2.3.0 also does it after broker failovers that lost nothing,
+// before 2.3.0 also did it after broker failovers that lost nothing,
 // confluentinc/librdkafka#4438). At-least-once, the producer is replaced:
 // new records and the ones in flight fail as kAborted (sent again from the
 // slot), and nothing past them is confirmed.

@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "../pgoutput/golden_stream.h"
+#include "fake_kafka.h"
+#include "outbox_relay/core/clock.h"
 #include "outbox_relay/kafka/sink.h"
 #include "outbox_relay/metrics/metrics.h"
 #include "outbox_relay/pgoutput/decoder.h"
@@ -135,6 +137,12 @@ class FakeSource final : public ReplicationSource {
       return Fail(ErrorCode::kTransient, "replication connection: cut by the test");
     }
     if (queue_.empty()) return std::optional<std::string_view>();
+    if (pace.count() > 0) {
+      // A server slower than the relay: one message per `pace`.
+      auto now = std::chrono::steady_clock::now();
+      if (now - last_read_ < pace) return std::optional<std::string_view>();
+      last_read_ = now;
+    }
     current_ = std::move(queue_.front());
     queue_.pop_front();
     ++read_;
@@ -149,8 +157,17 @@ class FakeSource final : public ReplicationSource {
   Status SendStatus(const walproto::StandbyStatusUpdate& update) override {
     std::lock_guard lock(mu_);
     statuses_.push_back(update);
+    if (journal != nullptr && update.flush > journaled_) {
+      journaled_ = update.flush;
+      Durable d;
+      d.kind = Durable::Kind::kConfirm;
+      d.confirmed = update.flush;
+      journal->Add(std::move(d));
+    }
     return Ok();
   }
+  Journal* journal = nullptr;  // confirmations are durable steps (exactly-once tests)
+  std::chrono::microseconds pace{0};
   Status Finish(std::chrono::milliseconds) override {
     finished_ = true;
     return Ok();
@@ -190,24 +207,9 @@ class FakeSource final : public ReplicationSource {
   std::optional<size_t> cut_after_;
   size_t read_ = 0;
   std::vector<walproto::StandbyStatusUpdate> statuses_;
+  Lsn journaled_;
+  std::chrono::steady_clock::time_point last_read_{};
   std::atomic<bool> finished_{false};
-};
-
-// A record as the fake sink keeps it.
-struct Produced {
-  std::string topic;
-  std::optional<std::string> key;
-  std::optional<std::string> value;
-  std::vector<std::pair<std::string, std::string>> headers;
-  void* opaque = nullptr;
-  bool settled = false;
-
-  std::string Header(const std::string& name) const {
-    for (const auto& [k, v] : headers) {
-      if (k == name) return v;
-    }
-    return "<none>";
-  }
 };
 
 // The sink, driven by the test. Produce (loop thread) queues; the test
@@ -317,7 +319,12 @@ class FakeSink final : public kafka::Sink {
 // what is delivered and marks it, unless paused.
 class FakeMarker {
  public:
-  explicit FakeMarker(tracking::AckTracker* tracker) : tracker_(tracker) {
+  // `threaded`: marks on a thread of its own, as the real marker; else only
+  // when the test calls MarkNow.
+  explicit FakeMarker(tracking::AckTracker* tracker, Journal* journal = nullptr,
+                      bool threaded = true)
+      : tracker_(tracker), journal_(journal) {
+    if (!threaded) return;
     thread_ = std::thread([this] {
       std::vector<tracking::Transaction*> batch;
       while (!stop_) {
@@ -330,20 +337,24 @@ class FakeMarker {
         batch.clear();
         tracker_->TakeDelivered(&batch, 1000, 5ms);
         if (batch.empty()) continue;
-        {
-          std::lock_guard lock(mu_);
-          for (auto* tx : batch) {
-            for (const auto& run : tx->row_ranges) marked_.push_back(run);
-          }
-        }
-        tracker_->OnMarked(batch);
+        Mark(batch);
       }
     });
   }
   ~FakeMarker() {
     stop_ = true;
     tracker_->Wake();
-    thread_.join();
+    if (thread_.joinable()) thread_.join();
+  }
+  // One round of marking, on the caller's thread (a marker made unthreaded);
+  // nothing while paused. True when it marked something.
+  bool MarkNow() {
+    if (paused_) return false;
+    std::vector<tracking::Transaction*> batch;
+    tracker_->TakeDelivered(&batch, 1000, std::chrono::milliseconds(0));
+    if (batch.empty()) return false;
+    Mark(batch);
+    return true;
   }
   // Returns once no round is in progress: nothing is marked after Pause(true).
   void Pause(bool paused) {
@@ -356,7 +367,25 @@ class FakeMarker {
   }
 
  private:
+  void Mark(const std::vector<tracking::Transaction*>& batch) {
+    {
+      std::lock_guard lock(mu_);
+      Durable d;
+      d.kind = Durable::Kind::kMark;
+      for (auto* tx : batch) {
+        for (const auto& run : tx->row_ranges) {
+          marked_.push_back(run);
+          d.marked.push_back(run);
+        }
+      }
+      // Marked in the table before the tracker learns it.
+      if (journal_ != nullptr) journal_->Add(std::move(d));
+    }
+    tracker_->OnMarked(batch);
+  }
+
   tracking::AckTracker* tracker_;
+  Journal* journal_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> paused_{false};
   std::mutex round_mu_;
@@ -380,6 +409,33 @@ inline bool Eventually(const std::function<bool()>& cond,
 // a FakeSink, a FakeMarker, and stream sessions run on a thread of their own.
 class Pipeline {
  public:
+  // A pipeline whose session the test steps itself (Open, RunUntilIdle,
+  // Advance) on a ManualClock, its marker marking in the same steps: no
+  // threads but the exactly-once commit worker, no sleeps.
+  struct Stepped {};
+  Pipeline(Stepped, PublisherOptions options = DefaultOptions(), Lsn start = Lsn(1),
+           FakeKafka* kafka = nullptr, TransactionOptions txn = {}, Journal* journal = nullptr)
+      : tracker_(start, /*marking=*/true),
+        metrics_("test"),
+        stop_(stop_flag_, clock_),
+        marker_(&tracker_, journal, /*threaded=*/false),
+        journal_(journal),
+        stepped_(true) {
+    auto publisher = Publisher::Create(std::move(options), &tracker_, &stats_, &metrics_, &stop_);
+    EXPECT_TRUE(publisher.has_value()) << publisher.error().message;
+    publisher_ = std::move(*publisher);
+    if (kafka == nullptr) {
+      auto sink = std::make_unique<FakeSink>(publisher_->DeliveryCallback());
+      sink_ = sink.get();
+      publisher_->AttachSink(std::move(sink));
+      return;
+    }
+    auto sink = std::make_unique<FakeTxnSink>(kafka, publisher_->DeliveryCallback());
+    txn_sink_ = sink.get();
+    publisher_->AttachSink(std::move(sink));
+    log_ = std::make_unique<FakeProgressLog>(kafka);
+    eos_ = publisher_->EnableTransactions(txn, txn_sink_, log_.get());
+  }
   explicit Pipeline(PublisherOptions options = DefaultOptions(), Lsn start = Lsn(1))
       : tracker_(start, /*marking=*/true), metrics_("test"), stop_(stop_flag_), marker_(&tracker_) {
     auto publisher = Publisher::Create(std::move(options), &tracker_, &stats_, &metrics_, &stop_);
@@ -389,9 +445,38 @@ class Pipeline {
     sink_ = sink.get();
     publisher_->AttachSink(std::move(sink));
   }
+  // Exactly-once on `kafka` (a process of its transactional.id): a
+  // transactional sink and the progress log in memory; `journal` records the
+  // process's durable steps. Start with StartTransactions.
+  Pipeline(FakeKafka* kafka, TransactionOptions txn, Lsn start, Journal* journal = nullptr,
+           PublisherOptions options = DefaultOptions())
+      : tracker_(start, /*marking=*/true),
+        metrics_("test"),
+        stop_(stop_flag_),
+        marker_(&tracker_, journal),
+        journal_(journal) {
+    auto publisher = Publisher::Create(std::move(options), &tracker_, &stats_, &metrics_, &stop_);
+    EXPECT_TRUE(publisher.has_value()) << publisher.error().message;
+    publisher_ = std::move(*publisher);
+    auto sink = std::make_unique<FakeTxnSink>(kafka, publisher_->DeliveryCallback());
+    txn_sink_ = sink.get();
+    publisher_->AttachSink(std::move(sink));
+    log_ = std::make_unique<FakeProgressLog>(kafka);
+    eos_ = publisher_->EnableTransactions(txn, txn_sink_, log_.get());
+  }
+  Status StartTransactions(const ProgressFacts& facts) { return eos_->Start(facts); }
+  ExactlyOnce& eos() { return *eos_; }
+  FakeTxnSink& txn_sink() { return *txn_sink_; }
   ~Pipeline() {
     (void)StopSession();  // the test is over: how the session ended was its to check
     publisher_->CloseSink();
+  }
+  // The session's end, as the supervisor handles it: exactly-once, what the
+  // open Kafka transaction holds commits (or, after an abort, is sent again).
+  // Call after WaitSession or StopSession.
+  Status EndTransactions(Status ended) {
+    if (!ended && ended.error().code == ErrorCode::kAborted) return eos_->Abort(5000ms);
+    return eos_->Finish(5000ms, nullptr);
   }
 
   static PublisherOptions DefaultOptions() {
@@ -416,9 +501,12 @@ class Pipeline {
   // source: it outlives the session.
   FakeSource& Connect(std::vector<std::string> messages,
                       std::optional<size_t> cut_after = std::nullopt,
-                      SessionOptions options = Session()) {
+                      SessionOptions options = Session(),
+                      std::chrono::microseconds pace = std::chrono::microseconds(0)) {
     sources_.push_back(std::make_unique<FakeSource>(std::move(messages), cut_after));
     FakeSource* source = sources_.back().get();
+    source->journal = journal_;
+    source->pace = pace;
     session_.emplace(options, source, publisher_.get(), &tracker_, &stats_, &stop_, &marker_error_);
     done_ = false;
     thread_ = std::thread([this] {
@@ -429,6 +517,77 @@ class Pipeline {
     return *source;
   }
   bool done() const { return done_; }
+
+  // --- a Stepped pipeline -------------------------------------------------
+  // A new connection replaying `messages` and a session the test steps.
+  FakeSource& Open(std::vector<std::string> messages,
+                   std::optional<size_t> cut_after = std::nullopt,
+                   SessionOptions options = Session()) {
+    EXPECT_TRUE(stepped_);
+    sources_.push_back(std::make_unique<FakeSource>(std::move(messages), cut_after));
+    FakeSource* source = sources_.back().get();
+    source->journal = journal_;
+    session_.emplace(options, source, publisher_.get(), &tracker_, &stats_, &stop_, &marker_error_);
+    done_ = false;
+    result_ = Ok();
+    return *source;
+  }
+  // Steps the session (and the marker, unless paused) until it waits for
+  // the server, is held back, or ended; a Kafka commit under way on the
+  // worker thread is waited for. The session's end is in done() and result().
+  void RunUntilIdle() {
+    for (int turns = 0; turns < 1'000'000 && session_ && !done_; ++turns) {
+      bool marked = marker_.MarkNow();
+      auto step = session_->Step();
+      if (!step) {
+        result_ = std::unexpected(step.error());
+        Close();
+        return;
+      }
+      if (step->state == StreamSession::StepResult::kDone) {
+        result_ = Ok();
+        Close();
+        return;
+      }
+      if (step->state == StreamSession::StepResult::kBusy || marked) continue;
+      if (eos_ != nullptr && eos_->busy()) {
+        std::this_thread::sleep_for(std::chrono::microseconds(20));  // the commit worker
+        continue;
+      }
+      return;
+    }
+  }
+  // Time passes (status updates, the stop grace, a commit interval fall due).
+  void Advance(std::chrono::milliseconds d, std::chrono::milliseconds step = 1ms) {
+    for (auto passed = 0ms; passed < d; passed += step) {
+      clock_.Advance(step);
+      RunUntilIdle();
+    }
+  }
+  // Exactly-once: until every Kafka transaction committed (the interval passes).
+  void CommitAll() {
+    for (int i = 0; i < 10000 && eos_ != nullptr && (eos_->has_open() || eos_->busy()); ++i) {
+      Advance(1ms);
+    }
+  }
+  // A stop request, stepped to the session's end.
+  Status Stop(std::chrono::milliseconds limit = 60000ms) {
+    stop_flag_ = true;
+    for (auto waited = 0ms; session_ && !done_ && waited < limit; waited += 1ms) {
+      RunUntilIdle();
+      if (done_) break;
+      clock_.Advance(1ms);
+    }
+    return result_;
+  }
+  Status result() const { return result_; }
+  ManualClock& clock() { return clock_; }
+  // The marker marks everything delivered (a stepped pipeline's marker only
+  // marks when stepped).
+  void MarkAll() {
+    while (marker_.MarkNow()) {
+    }
+  }
   // Waits for the session to end by itself (an error).
   Status WaitSession() {
     EXPECT_TRUE(Eventually([&] { return done_.load(); }));
@@ -438,6 +597,7 @@ class Pipeline {
   }
   // Asks the session to stop and waits for it.
   Status StopSession() {
+    if (stepped_) return session_ ? Stop() : result_;
     if (!thread_.joinable()) return Ok();
     stop_flag_ = true;
     thread_.join();
@@ -453,14 +613,27 @@ class Pipeline {
   std::atomic<int64_t>& marker_error() { return marker_error_; }
 
  private:
+  // The session is done: what it left open is abandoned (the server sends it again).
+  void Close() {
+    if (auto* open = session_->TakeOpenTransaction()) tracker_.Abandon(open);
+    session_.reset();
+    done_ = true;
+  }
+
   tracking::AckTracker tracker_;
   RelayStats stats_;
   metrics::Metrics metrics_;
   std::atomic<bool> stop_flag_{false};
+  ManualClock clock_;
   StopSignal stop_;
+  std::unique_ptr<FakeProgressLog> log_;  // before the publisher: its unit reads it
   std::unique_ptr<Publisher> publisher_;
   FakeSink* sink_ = nullptr;
+  FakeTxnSink* txn_sink_ = nullptr;
+  ExactlyOnce* eos_ = nullptr;
   FakeMarker marker_;
+  Journal* journal_ = nullptr;
+  bool stepped_ = false;
   std::atomic<int64_t> marker_error_{0};
   std::vector<std::unique_ptr<FakeSource>> sources_;  // before session_: destroyed after it
   std::optional<StreamSession> session_;

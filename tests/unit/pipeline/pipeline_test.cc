@@ -61,84 +61,102 @@ std::vector<int64_t> MarkedOffsets(fakes::FakeMarker& marker) {
   return offsets;
 }
 
+// The recordings of every supported major (tests/fixtures/record_fixtures.sh):
+// the same workload; 14 also sends the transactions that published nothing.
+constexpr int kMajors[] = {14, 15, 16, 17, 18};
+
+FakeWalSender RecordingOf(int major) {
+  return FakeWalSender::Recorded(pgoutput::golden::GoldenStreamPath(major));
+}
+
 TEST(Pipeline, RecordedStreamBecomesTheExactRecordsAndIsConfirmedToItsEnd) {
-  FakeWalSender wal = FakeWalSender::Recorded();
-  ASSERT_EQ(wal.transactions().size(), 14u);
-  Pipeline p;
-  FakeSource& source = p.Connect(wal.From(Lsn(1)));
-  ASSERT_TRUE(Eventually([&] { return p.tracker().confirmed() == LastEnd(wal); }))
-      << p.tracker().confirmed().ToString();
-  // Told to the server within the throttle (10 ms), without a stop.
-  ASSERT_TRUE(Eventually([&] { return source.flushes().back() == LastEnd(wal); }));
-  ASSERT_TRUE(p.StopSession());
-
-  auto records = p.sink().produced();
-  ASSERT_EQ(Uuids(records), AllUuids());
-  for (size_t i = 0; i < records.size(); ++i) {
-    SCOPED_TRACE(kRows[i].first);
-    EXPECT_EQ(records[i].topic, "events");
-    if (kRows[i].first.ends_with("WB")) {
-      ASSERT_TRUE(records[i].value.has_value());
-      EXPECT_GT(records[i].value->size(), 2900u);  // the TOAST value, whole
-    } else {
-      EXPECT_EQ(records[i].value, kRows[i].second);
+  for (int major : kMajors) {
+    SCOPED_TRACE(fmt::format("PostgreSQL {}", major));
+    FakeWalSender wal = RecordingOf(major);
+    if (major != 14) {
+      ASSERT_EQ(wal.transactions().size(), 14u);
     }
+    Pipeline p(Pipeline::Stepped{});
+    FakeSource& source = p.Open(wal.From(Lsn(1)));
+    p.RunUntilIdle();
+    ASSERT_EQ(p.tracker().confirmed(), LastEnd(wal)) << p.tracker().confirmed().ToString();
+    // Told to the server within the throttle (10 ms), without a stop.
+    p.Advance(10ms);
+    ASSERT_EQ(source.flushes().back(), LastEnd(wal));
+    ASSERT_TRUE(p.Stop());
+
+    auto records = p.sink().produced();
+    ASSERT_EQ(Uuids(records), AllUuids());
+    for (size_t i = 0; i < records.size(); ++i) {
+      SCOPED_TRACE(kRows[i].first);
+      EXPECT_EQ(records[i].topic, "events");
+      if (kRows[i].first.ends_with("WB")) {
+        ASSERT_TRUE(records[i].value.has_value());
+        EXPECT_GT(records[i].value->size(), 2900u);  // the TOAST value, whole
+      } else {
+        EXPECT_EQ(records[i].value, kRows[i].second);
+      }
+    }
+    // The first row's metadata: key = Aggregate-Id, headers sorted, partition_key added.
+    EXPECT_EQ(records[0].key, "review-1");
+    EXPECT_THAT(records[0].headers,
+                ElementsAre(Pair("_watermill_message_uuid", "01HZX3K4M5N6P7Q8R9S0T1V2W3"),
+                            Pair("Aggregate-Id", "review-1"), Pair("Event-Type", "review.created"),
+                            Pair("Source-Service", "review"), Pair("partition_key", "review-1")));
+    // No metadata: no headers but the uuid, the empty key (the Go pipeline's).
+    EXPECT_EQ(records[1].key, "");
+    EXPECT_EQ(records[1].headers.size(), 1u);
+
+    // Marked exactly the rows produced, by key; the transactions without
+    // outbox rows need nothing.
+    EXPECT_THAT(MarkedOffsets(p.marker()), ElementsAre(1, 2, 3, 4, 5, 7, 9, 10, 11, 12, 13));
+
+    // What the server heard: never backwards, only transaction ends (or the
+    // start), ending at the last one.
+    std::set<Lsn> ends = {Lsn(1)};
+    for (const auto& tx : wal.transactions()) ends.insert(tx.end_lsn);
+    auto flushes = source.flushes();
+    ASSERT_FALSE(flushes.empty());
+    EXPECT_TRUE(std::is_sorted(flushes.begin(), flushes.end()));
+    for (Lsn f : flushes) EXPECT_TRUE(ends.contains(f)) << f.ToString();
+    EXPECT_EQ(flushes.back(), LastEnd(wal));
   }
-  // The first row's metadata: key = Aggregate-Id, headers sorted, partition_key added.
-  EXPECT_EQ(records[0].key, "review-1");
-  EXPECT_THAT(records[0].headers,
-              ElementsAre(Pair("_watermill_message_uuid", "01HZX3K4M5N6P7Q8R9S0T1V2W3"),
-                          Pair("Aggregate-Id", "review-1"), Pair("Event-Type", "review.created"),
-                          Pair("Source-Service", "review"), Pair("partition_key", "review-1")));
-  // No metadata: no headers but the uuid, the empty key (the Go pipeline's).
-  EXPECT_EQ(records[1].key, "");
-  EXPECT_EQ(records[1].headers.size(), 1u);
-
-  // Marked exactly the rows produced, by key; the transactions without
-  // outbox rows need nothing.
-  EXPECT_THAT(MarkedOffsets(p.marker()), ElementsAre(1, 2, 3, 4, 5, 7, 9, 10, 11, 12, 13));
-
-  // What the server heard: never backwards, only transaction ends (or the
-  // start), ending at the last one.
-  std::set<Lsn> ends = {Lsn(1)};
-  for (const auto& tx : wal.transactions()) ends.insert(tx.end_lsn);
-  auto flushes = source.flushes();
-  ASSERT_FALSE(flushes.empty());
-  EXPECT_TRUE(std::is_sorted(flushes.begin(), flushes.end()));
-  for (Lsn f : flushes) EXPECT_TRUE(ends.contains(f)) << f.ToString();
-  EXPECT_EQ(flushes.back(), LastEnd(wal));
 }
 
 TEST(Pipeline, OutOfOrderAcksConfirmOnlyTheDonePrefix) {
   FakeWalSender wal = FakeWalSender::Recorded();
-  Pipeline p;
+  Pipeline p(Pipeline::Stepped{});
   p.sink().auto_ack = false;
-  FakeSource& source = p.Connect(wal.From(Lsn(1)));
-  ASSERT_TRUE(Eventually([&] { return p.sink().size() == kRows.size(); }));
+  FakeSource& source = p.Open(wal.From(Lsn(1)));
+  p.RunUntilIdle();
+  ASSERT_EQ(p.sink().size(), kRows.size());
   // Everything but the first transaction's row is acknowledged (another
-  // partition was faster): nothing may be confirmed.
+  // partition was faster): nothing may be confirmed, however long it waits.
   for (size_t i = 1; i < kRows.size(); ++i) p.sink().Ack(i);
-  std::this_thread::sleep_for(100ms);
+  p.Advance(100ms);
   EXPECT_EQ(p.tracker().confirmed(), Lsn(1));
   for (Lsn f : source.flushes()) EXPECT_EQ(f, Lsn(1));
-  // The first one: now everything is.
+  // The first one: now everything is, and the server hears it.
   p.sink().Ack(0);
-  EXPECT_TRUE(Eventually([&] { return p.tracker().confirmed() == LastEnd(wal); }));
-  EXPECT_TRUE(Eventually([&] { return source.flushes().back() == LastEnd(wal); }));
+  p.Advance(30ms);
+  EXPECT_EQ(p.tracker().confirmed(), LastEnd(wal));
+  EXPECT_EQ(source.flushes().back(), LastEnd(wal));
 }
 
 TEST(Pipeline, NothingIsConfirmedBeforeItIsMarked) {
   FakeWalSender wal = FakeWalSender::Recorded();
-  Pipeline p;
+  Pipeline p(Pipeline::Stepped{});
   p.marker().Pause(true);
-  p.Connect(wal.From(Lsn(1)));
-  ASSERT_TRUE(Eventually([&] { return p.sink().size() == kRows.size(); }));
-  std::this_thread::sleep_for(100ms);
+  p.Open(wal.From(Lsn(1)));
+  p.RunUntilIdle();
+  ASSERT_EQ(p.sink().size(), kRows.size());
+  p.Advance(100ms);
   // Transactions without outbox rows need no marking: confirmed up to the
   // first one that has rows, no further.
   EXPECT_LT(p.tracker().confirmed(), wal.transactions()[0].end_lsn);
   p.marker().Pause(false);
-  EXPECT_TRUE(Eventually([&] { return p.tracker().confirmed() == LastEnd(wal); }));
+  p.RunUntilIdle();
+  EXPECT_EQ(p.tracker().confirmed(), LastEnd(wal));
 }
 
 TEST(Pipeline, AFatalDeliveryErrorStopsTheSessionAndConfirmsNothingFromThere) {
@@ -217,6 +235,39 @@ TEST(Pipeline, PoisonRowsAreDeadLetteredInTheirPlaceAndMarked) {
   EXPECT_THAT(MarkedOffsets(p.marker()), ElementsAre(1, 2, 3, 4, 5, 7, 9, 10, 11, 12, 13));
 }
 
+// The topic comes from the row: past --max-topics distinct topics, a row
+// whose topic would be one more is dead-lettered, and known topics go on.
+TEST(Pipeline, ARowWhoseTopicWouldBeOneTooManyIsDeadLettered) {
+  FakeWalSender wal = FakeWalSender::Recorded();
+  PublisherOptions options = Pipeline::DefaultOptions();
+  options.mapper.topic_template = "t.{Event-Type}";
+  options.max_topics = 1;
+  Pipeline p(options);
+  p.Connect(wal.From(Lsn(1)));
+  ASSERT_TRUE(Eventually([&] { return p.tracker().confirmed() == LastEnd(wal); }));
+  auto records = p.sink().produced();
+  ASSERT_EQ(Uuids(records), AllUuids());
+  EXPECT_EQ(records[0].topic, "t.review.created");
+  EXPECT_EQ(records[2].topic, "dlq");  // review.deleted: a second topic
+  EXPECT_NE(records[2].Header("outbox_dlq_reason").find("--max-topics"), std::string::npos)
+      << records[2].Header("outbox_dlq_reason");
+  EXPECT_EQ(records[4].topic, "t.review.created");
+  EXPECT_THAT(MarkedOffsets(p.marker()), ElementsAre(1, 2, 3, 4, 5, 7, 9, 10, 11, 12, 13));
+}
+
+TEST(LogBudget, AllowsABurstPerWindowAndCountsWhatItLeftOut) {
+  LogBudget budget(3, std::chrono::seconds(3600));
+  uint64_t left_out = 99;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(budget.Allow(&left_out));
+    EXPECT_EQ(left_out, 0u);
+  }
+  for (int i = 0; i < 1000; ++i) EXPECT_FALSE(budget.Allow(&left_out));
+  LogBudget next_window(1, std::chrono::seconds(0));  // every call opens a new window
+  EXPECT_TRUE(next_window.Allow(&left_out));
+  EXPECT_TRUE(next_window.Allow(&left_out));
+}
+
 TEST(Pipeline, ARecordTheProducerRefusesIsDeadLetteredInItsPlace) {
   FakeWalSender wal = FakeWalSender::Recorded();
   Pipeline p;
@@ -255,18 +306,20 @@ TEST(Pipeline, AStalledSinkHoldsTheReadingAtMaxInFlightButNotTheStatusUpdates) {
   FakeWalSender wal = FakeWalSender::Recorded();
   PublisherOptions options = Pipeline::DefaultOptions();
   options.max_in_flight = 3;
-  Pipeline p(options);
+  Pipeline p(Pipeline::Stepped{}, options);
   p.sink().auto_ack = false;
-  FakeSource& source = p.Connect(wal.From(Lsn(1)));
-  ASSERT_TRUE(Eventually([&] { return p.sink().size() == 3; }));
+  FakeSource& source = p.Open(wal.From(Lsn(1)));
+  p.RunUntilIdle();
+  ASSERT_EQ(p.sink().size(), 3u);
   size_t read = source.read();
   size_t statuses = source.statuses().size();
-  std::this_thread::sleep_for(200ms);
+  p.Advance(200ms);
   EXPECT_EQ(p.sink().size(), 3u);
   EXPECT_EQ(source.read(), read) << "the loop read on while Kafka took nothing";
-  EXPECT_GE(source.statuses().size(), statuses + 5) << "status updates stopped (20 ms interval)";
+  EXPECT_GE(source.statuses().size(), statuses + 9) << "status updates stopped (20 ms interval)";
   for (size_t i = 0; i < 3; ++i) p.sink().Ack(i);
-  ASSERT_TRUE(Eventually([&] { return p.sink().size() == 6; }));
+  p.RunUntilIdle();
+  EXPECT_EQ(p.sink().size(), 6u);
 }
 
 TEST(Pipeline, AfterTheInFlightBoundTheReadingWaitsForAQuarterOfTheWindowNotOneRecord) {
@@ -274,16 +327,18 @@ TEST(Pipeline, AfterTheInFlightBoundTheReadingWaitsForAQuarterOfTheWindowNotOneR
   ASSERT_GE(kRows.size(), 11u);
   PublisherOptions options = Pipeline::DefaultOptions();
   options.max_in_flight = 8;  // reading again at 6
-  Pipeline p(options);
+  Pipeline p(Pipeline::Stepped{}, options);
   p.sink().auto_ack = false;
-  p.Connect(wal.From(Lsn(1)));
-  ASSERT_TRUE(Eventually([&] { return p.sink().size() == 8; }));
+  p.Open(wal.From(Lsn(1)));
+  p.RunUntilIdle();
+  ASSERT_EQ(p.sink().size(), 8u);
   p.sink().Ack(0);
-  std::this_thread::sleep_for(200ms);
+  p.Advance(200ms);
   EXPECT_EQ(p.sink().size(), 8u) << "one acknowledgement let one more record out";
   p.sink().Ack(1);
-  EXPECT_TRUE(Eventually([&] { return p.sink().size() == 10; }));
-  std::this_thread::sleep_for(100ms);
+  p.RunUntilIdle();
+  EXPECT_EQ(p.sink().size(), 10u);
+  p.Advance(100ms);
   EXPECT_EQ(p.sink().size(), 10u);
 }
 
@@ -291,21 +346,23 @@ TEST(Pipeline, TheBytesInFlightHoldTheReadingTooAndARecordLargerThanTheBoundStil
   FakeWalSender wal = FakeWalSender::Recorded();
   PublisherOptions options = Pipeline::DefaultOptions();
   options.max_in_flight_bytes = 1;  // smaller than any record
-  Pipeline p(options);
+  Pipeline p(Pipeline::Stepped{}, options);
   p.sink().auto_ack = false;
-  FakeSource& source = p.Connect(wal.From(Lsn(1)));
-  ASSERT_TRUE(Eventually([&] { return p.sink().size() == 1; }));
+  FakeSource& source = p.Open(wal.From(Lsn(1)));
+  p.RunUntilIdle();
+  ASSERT_EQ(p.sink().size(), 1u);
   EXPECT_GT(p.sink().BytesInFlight(), 1);
   size_t read = source.read();
-  std::this_thread::sleep_for(200ms);
+  p.Advance(200ms);
   EXPECT_EQ(p.sink().size(), 1u) << "a second record went out past the bytes bound";
   EXPECT_EQ(source.read(), read) << "the loop read on while the bytes bound was reached";
   for (size_t acked = 0; acked < kRows.size(); ++acked) {
-    ASSERT_TRUE(Eventually([&] { return p.sink().size() > acked; }));
-    EXPECT_EQ(p.sink().size(), acked + 1) << "more than one record in flight";
+    p.RunUntilIdle();
+    ASSERT_EQ(p.sink().size(), acked + 1) << "not exactly one record in flight";
     p.sink().Ack(acked);
   }
-  EXPECT_TRUE(Eventually([&] { return p.tracker().confirmed() == LastEnd(wal); }));
+  p.RunUntilIdle();
+  EXPECT_EQ(p.tracker().confirmed(), LastEnd(wal));
 }
 
 TEST(Pipeline, AFullProducerQueueIsWaitedOutWithStatusUpdates) {
@@ -326,61 +383,70 @@ TEST(Pipeline, AFullProducerQueueIsWaitedOutWithStatusUpdates) {
 }
 
 TEST(Pipeline, ConnectionCutAfterEveryMessageResumesFromTheConfirmedPositionAndLosesNothing) {
-  FakeWalSender wal = FakeWalSender::Recorded();
-  size_t total = wal.From(Lsn(1)).size();
-  for (size_t cut = 0; cut <= total; ++cut) {
-    SCOPED_TRACE(fmt::format("cut after message {} of {}", cut, total));
-    Pipeline p;
-    std::set<std::string> seen;
-    std::vector<Lsn> flushes;
-    // First connection: cut after `cut` messages; then reconnect from what
-    // is confirmed, as the supervisor does, until a connection runs dry.
-    FakeSource& first = p.Connect(wal.From(Lsn(1)), cut);
-    Status st = p.WaitSession();
-    if (cut < total) {
-      ASSERT_FALSE(st);
-      EXPECT_EQ(st.error().code, ErrorCode::kTransient);
+  for (int major : kMajors) {
+    FakeWalSender wal = RecordingOf(major);
+    size_t total = wal.From(Lsn(1)).size();
+    for (size_t cut = 0; cut <= total; ++cut) {
+      SCOPED_TRACE(fmt::format("PostgreSQL {}: cut after message {} of {}", major, cut, total));
+      Pipeline p(Pipeline::Stepped{});
+      std::set<std::string> seen;
+      std::vector<Lsn> flushes;
+      // First connection: cut after `cut` messages; then reconnect from what
+      // is confirmed, as the supervisor does, until a connection runs dry.
+      FakeSource& first = p.Open(wal.From(Lsn(1)), cut);
+      p.RunUntilIdle();
+      if (cut < total) {
+        ASSERT_TRUE(p.done());
+        ASSERT_FALSE(p.result());
+        EXPECT_EQ(p.result().error().code, ErrorCode::kTransient);
+      }
+      for (Lsn f : first.flushes()) flushes.push_back(f);
+      // What was produced of the cut transaction is delivered, never confirmed.
+      p.MarkAll();
+      ASSERT_TRUE(p.tracker().empty());
+      Lsn resume = p.tracker().confirmed();
+      FakeSource& second = p.Open(wal.From(resume));
+      p.Advance(30ms, 10ms);
+      ASSERT_EQ(p.tracker().confirmed(), LastEnd(wal)) << "resumed at " << resume.ToString();
+      ASSERT_TRUE(p.Stop());
+      for (Lsn f : second.flushes()) flushes.push_back(f);
+      for (const auto& u : Uuids(p.sink().produced())) seen.insert(u);
+      std::vector<std::string> uuids = AllUuids();
+      std::set<std::string> all(uuids.begin(), uuids.end());
+      EXPECT_EQ(seen, all);  // lost 0
+      EXPECT_TRUE(std::is_sorted(flushes.begin(), flushes.end()));
     }
-    for (Lsn f : first.flushes()) flushes.push_back(f);
-    // What was produced of the cut transaction is delivered, never confirmed.
-    ASSERT_TRUE(Eventually([&] { return p.tracker().empty(); }));
-    Lsn resume = p.tracker().confirmed();
-    FakeSource& second = p.Connect(wal.From(resume));
-    ASSERT_TRUE(Eventually([&] { return p.tracker().confirmed() == LastEnd(wal); }))
-        << "resumed at " << resume.ToString();
-    ASSERT_TRUE(p.StopSession());
-    for (Lsn f : second.flushes()) flushes.push_back(f);
-    for (const auto& u : Uuids(p.sink().produced())) seen.insert(u);
-    std::vector<std::string> uuids = AllUuids();
-    std::set<std::string> all(uuids.begin(), uuids.end());
-    EXPECT_EQ(seen, all);  // lost 0
-    EXPECT_TRUE(std::is_sorted(flushes.begin(), flushes.end()));
   }
 }
 
 TEST(Pipeline, KeepalivesAreAnsweredAndMoveAnIdleSlotOnlyOutsideTransactions) {
   FakeWalSender wal = FakeWalSender::Recorded();
-  Pipeline p;
+  Pipeline p(Pipeline::Stepped{});
   auto frames = wal.From(Lsn(1));
   // The first transaction's Begin and row, then a reply-requested keepalive
   // in the middle of it, far ahead of anything sent.
   std::vector<std::string> head(frames.begin(), frames.begin() + 3);
-  FakeSource& source = p.Connect(head);
-  ASSERT_TRUE(Eventually([&] { return p.sink().size() == 1; }));
+  FakeSource& source = p.Open(head);
+  p.RunUntilIdle();
+  ASSERT_EQ(p.sink().size(), 1u);
   size_t before = source.statuses().size();
   source.Push(FakeWalSender::Keepalive(Lsn(0xFFFF0000), /*reply_requested=*/true));
-  ASSERT_TRUE(Eventually([&] { return source.statuses().size() > before; }));
+  p.RunUntilIdle();
+  ASSERT_GT(source.statuses().size(), before) << "not answered at once (no time passed)";
   // Answered at once, and the write position is the server's end, but
   // inside a transaction nothing is confirmed past the open transaction.
   EXPECT_EQ(source.statuses().back().write, Lsn(0xFFFF0000));
-  std::this_thread::sleep_for(50ms);
+  p.Advance(50ms);
   EXPECT_EQ(p.tracker().confirmed(), Lsn(1));
   // The rest of the stream, then an idle keepalive: confirmed follows it.
   for (size_t i = 3; i < frames.size(); ++i) source.Push(frames[i]);
-  ASSERT_TRUE(Eventually([&] { return p.tracker().confirmed() == LastEnd(wal); }));
+  p.RunUntilIdle();
+  ASSERT_EQ(p.tracker().confirmed(), LastEnd(wal));
   source.Push(FakeWalSender::Keepalive(Lsn(0xFFFF1000), /*reply_requested=*/false));
-  EXPECT_TRUE(Eventually([&] { return p.tracker().confirmed() == Lsn(0xFFFF1000); }));
-  EXPECT_TRUE(Eventually([&] { return source.flushes().back() == Lsn(0xFFFF1000); }));
+  p.RunUntilIdle();
+  EXPECT_EQ(p.tracker().confirmed(), Lsn(0xFFFF1000));
+  p.Advance(30ms);
+  EXPECT_EQ(source.flushes().back(), Lsn(0xFFFF1000));
 }
 
 TEST(Pipeline, ARelationThatChangesColumnsMidStreamIsReadByName) {
@@ -399,19 +465,28 @@ TEST(Pipeline, ARelationThatChangesColumnsMidStreamIsReadByName) {
 
 TEST(Pipeline, AStopEndsTheSessionBetweenTransactionsOrGivesUpAnOpenOneAfterTheGrace) {
   FakeWalSender wal = FakeWalSender::Recorded();
-  Pipeline p;
+  Pipeline p(Pipeline::Stepped{});
   auto frames = wal.From(Lsn(1));
   // Begin, Relation, Insert of the first transaction: its Commit never comes.
-  p.Connect(std::vector<std::string>(frames.begin(), frames.begin() + 3));
-  ASSERT_TRUE(Eventually([&] { return p.sink().size() == 1; }));
-  auto t0 = std::chrono::steady_clock::now();
-  Status st = p.StopSession();
-  auto waited = std::chrono::steady_clock::now() - t0;
+  p.Open(std::vector<std::string>(frames.begin(), frames.begin() + 3));
+  p.RunUntilIdle();
+  ASSERT_EQ(p.sink().size(), 1u);
+  auto t0 = p.clock().Now();
+  Status st = p.Stop();
+  auto waited = p.clock().Now() - t0;
   ASSERT_FALSE(st);
   EXPECT_EQ(st.error().code, ErrorCode::kCancelled);
-  EXPECT_GE(waited, 900ms);   // the stop grace: time for the Commit to come
-  EXPECT_LT(waited, 3000ms);  // and not much more
+  EXPECT_GE(waited, 1000ms);  // the stop grace: time for the Commit to come
+  EXPECT_LE(waited, 1001ms);  // and no more
   EXPECT_EQ(p.tracker().confirmed(), Lsn(1));
+
+  // Between transactions a stop ends the session at once.
+  Pipeline q(Pipeline::Stepped{});
+  q.Open(wal.From(Lsn(1)));
+  q.RunUntilIdle();
+  t0 = q.clock().Now();
+  EXPECT_TRUE(q.Stop());
+  EXPECT_EQ(q.clock().Now(), t0);
 }
 
 }  // namespace

@@ -82,8 +82,9 @@ TEST(TableRouter, RenamedTableStopsTheStreamNamingTheSetting) {
 TEST(TableRouter, ASelectedTableItDoesNotKnowEndsTheSession) {
   bool asked = false;
   TableRouter router({}, outbox::ColumnNames{}, {},
-                     [&](std::string_view schema, std::string_view name) {
+                     [&](std::string_view schema, std::string_view name, const OutboxTable* prev) {
                        asked = true;
+                       EXPECT_EQ(prev, nullptr);
                        return schema == "public" && name.starts_with("watermill_");
                      });
   auto st = router.OnRelation(Rel(12, "public", "watermill_new", WatermillColumns()));
@@ -124,6 +125,71 @@ TEST(WatermillSelection, GlobAndLists) {
   EXPECT_FALSE(s.Selects("public", "orders"));
   EXPECT_TRUE(s.IsForwarder(pg::QualifiedName{"app", "watermill_forwarder_topic"}));
   EXPECT_FALSE(s.IsForwarder(pg::QualifiedName{"public", "outbox"}));
+}
+
+}  // namespace
+}  // namespace outbox_relay::pipeline
+
+namespace outbox_relay::pipeline {
+namespace {
+
+OutboxTable Orders() {
+  return {
+      pg::QualifiedName{"public", "watermill_orders"}, outbox::TableKind::kWatermill, "orders", {}};
+}
+
+// Watermill mode (an `unrouted` callback): a followed table renamed or no
+// longer fitting asks the callback, naming the table it was; true ends the
+// session, false leaves its further rows unpublished; never kFatal.
+TEST(TableRouter, WatermillRenameAsksWhatToDoNamingTheTableItWas) {
+  std::vector<std::string> asked;
+  bool end = true;
+  TableRouter router({Orders()}, outbox::ColumnNames{}, {},
+                     [&](std::string_view schema, std::string_view name, const OutboxTable* prev) {
+                       asked.push_back(fmt::format("{}.{} was {}", schema, name,
+                                                   prev ? prev->name.ToString() : "-"));
+                       return end;
+                     });
+  ASSERT_TRUE(router.OnRelation(Rel(10, "public", "watermill_orders", WatermillColumns())));
+  auto st = router.OnRelation(Rel(10, "public", "archived_orders", WatermillColumns()));
+  ASSERT_FALSE(st.has_value());
+  EXPECT_EQ(st.error().code, ErrorCode::kTransient);
+  ASSERT_EQ(asked.size(), 1u);
+  EXPECT_EQ(asked[0], "public.archived_orders was public.watermill_orders");
+  // Not ours any more: its rows are skipped, the stream goes on.
+  end = false;
+  ASSERT_TRUE(router.OnRelation(Rel(10, "public", "archived_orders", WatermillColumns())));
+  EXPECT_EQ(router.Find(10), nullptr);
+  // Rows written before the rename come under the old name: still routed.
+  ASSERT_TRUE(router.OnRelation(Rel(10, "public", "watermill_orders", WatermillColumns())));
+  ASSERT_NE(router.Find(10), nullptr);
+  EXPECT_EQ(router.Find(10)->topic, "orders");
+}
+
+TEST(TableRouter, WatermillRenameBetweenTwoRoutedNamesFollowsTheNewName) {
+  OutboxTable v2{pg::QualifiedName{"public", "watermill_orders_v2"},
+                 outbox::TableKind::kWatermill,
+                 "orders_v2",
+                 {}};
+  TableRouter router({Orders(), v2}, outbox::ColumnNames{}, {},
+                     [](std::string_view, std::string_view, const OutboxTable*) { return true; });
+  ASSERT_TRUE(router.OnRelation(Rel(10, "public", "watermill_orders", WatermillColumns())));
+  ASSERT_TRUE(router.OnRelation(Rel(10, "public", "watermill_orders_v2", WatermillColumns())));
+  EXPECT_EQ(router.Find(10)->topic, "orders_v2");
+}
+
+TEST(TableRouter, WatermillTableWithoutItsColumnsAsksInsteadOfStopping) {
+  const OutboxTable* seen = nullptr;
+  TableRouter router({Orders()}, outbox::ColumnNames{}, {},
+                     [&](std::string_view, std::string_view, const OutboxTable* prev) {
+                       seen = prev;
+                       return false;
+                     });
+  ASSERT_TRUE(router.OnRelation(Rel(10, "public", "watermill_orders", WatermillColumns())));
+  ASSERT_TRUE(router.OnRelation(Rel(10, "public", "watermill_orders", {"offset", "uuid"})));
+  ASSERT_NE(seen, nullptr);
+  EXPECT_EQ(seen->name.ToString(), "public.watermill_orders");
+  EXPECT_EQ(router.Find(10), nullptr);
 }
 
 }  // namespace

@@ -17,7 +17,7 @@
 #include <iostream>
 #include <thread>
 
-#include "fakes.h"
+#include "../pipeline/fakes.h"
 #include "outbox_relay/kafka/producer.h"
 #include "outbox_relay/pipeline/publisher.h"
 
