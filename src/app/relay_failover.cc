@@ -43,6 +43,7 @@ Status Relay::FollowPromotion(const pg::SystemIdentity& identity) {
   const uint32_t previous = timeline_;
   if (previous == 0 || previous == identity.timeline) {
     timeline_ = identity.timeline;
+    if (marker_) marker_->ExpectTimeline(timeline_);
     return Ok();
   }
   spdlog::warn(
@@ -50,15 +51,17 @@ Status Relay::FollowPromotion(const pg::SystemIdentity& identity) {
       "promoted. Resuming from this server's copy of slot {}, not from {} (confirmed on the old "
       "primary)",
       identity.timeline, previous, config_.slot, tracker_->confirmed());
-  // The transactions in flight are marked on the new primary by the marker
-  // (it reconnects by itself); the tracker must be empty to start over.
-  Drain(std::chrono::seconds(30));
+  // The transactions in flight are never marked here: the promoted server
+  // took over the old timeline at some point of its WAL, and hands out again
+  // the transaction ids the old primary used after it, so a transaction read
+  // past that point names, by (xid, offset), another row here (marking it
+  // would lose that row). The marker refuses this server (it still expects
+  // the old timeline) and gives them back as unmarkable; the pipeline
+  // restarts, and whatever of them this server has comes again, from the
+  // slot or from the backfill of a slot made anew: sent twice rather than
+  // lost.
   if (!tracker_->empty()) {
-    // Keep timeline_ at the old value: the next attempt sees the promotion again.
-    return Fail(ErrorCode::kTransient,
-                "after the promotion, {} rows are still in flight or unmarked; waiting for them "
-                "before resuming on the new primary",
-                tracker_->rows_in_flight());
+    if (auto st = RestartPipeline("a standby was promoted"); !st) return st;
   }
   auto admin = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kNormal,
                                     "outbox-relay", config_.pg_network);
@@ -66,6 +69,7 @@ Status Relay::FollowPromotion(const pg::SystemIdentity& identity) {
   auto slot = pg::QuerySlot(*admin, config_.slot);
   if (!slot) return std::unexpected(slot.error());
   timeline_ = identity.timeline;
+  if (marker_) marker_->ExpectTimeline(timeline_);
   if (!slot->exists) {
     // START_REPLICATION reports it as lost; --on-slot-lost decides (SlotSetup).
     spdlog::error("slot {} does not exist on the promoted server: {}", config_.slot,

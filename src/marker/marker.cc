@@ -6,6 +6,8 @@
 #include <charconv>
 #include <future>
 
+#include "outbox_relay/pg/rows.h"
+
 namespace outbox_relay::marker {
 
 namespace {
@@ -116,6 +118,24 @@ Status Marker::Connect(size_t i) {
                                    "outbox-relay-marker", options_.network);
   if (!conn) return std::unexpected(conn.error());
   conn->set_abort(&aborted_);
+  timeline_refused_ = false;
+  if (const uint32_t expected = timeline_.load(); expected != 0) {
+    // The timeline the server writes: the first 8 hex digits of its WAL
+    // file's name (a primary's; the marker only connects read-write).
+    auto res = conn->Exec(
+        "SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint");
+    if (!res) return std::unexpected(res.error());
+    auto text = pg::Rows(res->get()).Text(0, 0);
+    if (!text) return std::unexpected(text.error());
+    if (*text != std::to_string(expected)) {
+      timeline_refused_ = true;
+      return Fail(ErrorCode::kTransient,
+                  "the server writes timeline {}, the delivered transactions were read on "
+                  "timeline {} (a standby was promoted): they are not marked there, their rows "
+                  "are sent again",
+                  *text, expected);
+    }
+  }
   if (auto set = conn->Exec(kSessionSettings); !set) return std::unexpected(set.error());
   if (options_.progress != nullptr) {
     if (std::string more = options_.progress->SessionSettings(); !more.empty()) {
@@ -217,6 +237,7 @@ void Marker::Loop() {
       continue;
     }
     bool conflict_retried = false;
+    bool unmarkable = false;
     while (true) {
       marked.clear();
       not_visible.clear();
@@ -234,6 +255,14 @@ void Marker::Loop() {
         spdlog::info("marker: {}; reading the commit index again", st.error().message);
         continue;
       }
+      if (timeline_refused_) {
+        spdlog::warn("marker: {} ({} transactions)", st.error().message, batch.size());
+        tracker_->Unmarkable(batch, st.error().message);
+        batch.clear();
+        unmarkable = true;
+        Report(st);
+        break;
+      }
       if (on_error_) on_error_(st.error());
       Report(st);
       spdlog::warn("marker: {} (retrying in {} ms)", st.error().message, backoff.count());
@@ -246,6 +275,11 @@ void Marker::Loop() {
       }
       std::this_thread::sleep_for(backoff);
       backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
+    }
+    if (unmarkable) {
+      if (stopping_.load()) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      continue;
     }
     backoff = std::chrono::milliseconds(100);
     last_rows = rows_of(batch);

@@ -243,6 +243,18 @@ void AckTracker::OnMarked(const std::vector<Transaction*>& txs) {
   progress_.notify_all();
 }
 
+void AckTracker::Unmarkable(const std::vector<Transaction*>& txs, std::string reason) {
+  if (txs.empty()) return;
+  std::lock_guard lock(mu_);
+  for (const Transaction* tx : txs) {
+    --awaiting_mark_;
+    failed_seq_ = std::min(failed_seq_, tx->seq);
+  }
+  failure_retryable_ = failure_ ? failure_retryable_ : true;
+  if (!failure_) failure_ = std::move(reason);
+  progress_.notify_all();
+}
+
 Lsn AckTracker::DeliveredThrough() const {
   std::lock_guard lock(mu_);
   for (const auto& tx : in_flight_) {

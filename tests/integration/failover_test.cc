@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <regex>
 #include <set>
 #include <thread>
@@ -247,6 +248,116 @@ TEST_F(Failover, PrimaryCrashesUnderLoadAndTheStandbyIsPromoted) {
   relay.Terminate();
   EXPECT_EQ(relay.Wait(seconds(40)), std::optional<int>(0)) << relay.LogTail();
   fmt::print("total {:.1f} s\n", SecondsSince(started_));
+}
+
+// An asynchronous standby promoted while delivered transactions wait to be
+// marked. The old primary's last transactions never reached the standby: gone
+// from the database (their records are in Kafka), and the promoted standby
+// hands out their transaction ids again. Every transaction here writes
+// offset_consumed 1, so a reused xid names, by (transaction_id, offset), a
+// row of the new primary that the relay has not published. The marker's
+// batch of the gone transactions must not be marked there: that marks the new
+// rows, the backfill of the recreated slot skips them, and they are lost
+// (before the fix: the rows with a reused xid, e.g. 20 of 60).
+TEST_F(Failover, MarksOfTransactionsGoneWithAnAsyncPromotionMarkNothingOnTheNewPrimary) {
+  const int base = 25700 + static_cast<int>(getpid() % 40);
+  const std::string common =
+      "-c wal_level=logical -c max_wal_senders=10 -c max_replication_slots=10 "
+      "-c hot_standby=on -c wal_keep_size=256MB";
+  ThrowawayPostgres primary(FreeLocalPort(base), common);
+  Pg pdb(primary.url());
+  pdb.Exec(OutboxTableDdl(name_));
+  primary.Stop("fast");
+  // Read-only by default once promoted, so the relay (read-write only) comes
+  // to it after the test has written there.
+  auto standby = ThrowawayPostgres::StandbyOf(
+      primary, FreeLocalPort(primary.port() + 1), common,
+      fmt::format("primary_conninfo = 'host=127.0.0.1 port={} user=postgres dbname=postgres'",
+                  primary.port()));
+  // In the file, not on the command line: ALTER SYSTEM turns it off later.
+  standby->AppendConfig("default_transaction_read_only = on");
+  primary.Start();
+  standby->Start();
+  pdb = Pg(primary.url());
+  ASSERT_TRUE(WaitFor([&] { return pdb.Int("SELECT count(*) FROM pg_stat_replication") == 1; },
+                      seconds(60)));
+  const std::string both = fmt::format(
+      "postgresql://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write",
+      primary.port(), standby->port());
+  RelayProcess& relay = StartRelay({}, {{"DATABASE_URL", both}});
+  ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
+
+  int64_t seq = 0;
+  std::vector<WrittenRow> before;
+  for (int i = 0; i < 5; ++i) before.push_back(InsertRow(pdb, {.seq = ++seq, .offset = 1}));
+  db_ = std::make_unique<Pg>(primary.url());
+  ASSERT_EQ(WaitAllAcked(seconds(30)), 0) << DescribeUnacked();
+  // The standby has all of that, then stops receiving.
+  const std::string flushed = pdb.Scalar("SELECT pg_current_wal_lsn()::text").value_or("");
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return Pg(standby->url())
+                   .Scalar("SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn", {flushed}) == "t";
+      },
+      seconds(30)));
+  standby->Stop("fast");
+
+  // The gone transactions: published, their marking held by a row lock.
+  constexpr int kGone = 20;
+  std::set<std::string> gone;
+  std::vector<std::string> gone_xids;
+  for (int i = 0; i < kGone; ++i) {
+    WrittenRow w = InsertRow(pdb, {.seq = ++seq, .offset = 1});
+    gone.insert(w.uuid);
+    gone_xids.push_back(w.xid);
+  }
+  Pg locker(primary.url());
+  locker.Exec("BEGIN");
+  locker.Exec(
+      fmt::format("SELECT 1 FROM {} WHERE offset_acked IS NULL FOR UPDATE", QuoteIdent(name_)));
+  ASSERT_TRUE(
+      WaitFor([&] { return ReadTopics({.timeout = seconds(5)}).size() >= before.size() + kGone; },
+              seconds(30)))
+      << relay.LogTail();
+  ASSERT_EQ(
+      pdb.Int(fmt::format("SELECT count(*) FROM {} WHERE offset_acked IS NULL", QuoteIdent(name_))),
+      kGone)
+      << "the gone transactions must be waiting for their marks when the primary dies";
+
+  primary.Stop("immediate");
+  standby->Start();
+  standby->Promote();
+  // The new primary's rows: the first of them take the gone transactions' ids again.
+  Pg sdb(standby->url());
+  sdb.Exec("SET default_transaction_read_only = off");
+  std::vector<WrittenRow> after;
+  for (int i = 0; i < 3 * kGone; ++i) after.push_back(InsertRow(sdb, {.seq = ++seq, .offset = 1}));
+  size_t reused = 0;
+  for (const WrittenRow& w : after) {
+    reused += std::find(gone_xids.begin(), gone_xids.end(), w.xid) != gone_xids.end();
+  }
+  ASSERT_GT(reused, 0u) << "the promoted standby did not hand out the gone xids again";
+  sdb.Exec("ALTER SYSTEM SET default_transaction_read_only = off");
+  sdb.Exec("SELECT pg_reload_conf()");
+
+  db_ = std::make_unique<Pg>(standby->url());
+  EXPECT_EQ(WaitAllAcked(seconds(120)), 0) << DescribeUnacked() << relay.LogTail(60);
+  std::vector<WrittenRow> committed = RowsFromTable(*db_, name_);
+  std::vector<KafkaRecord> records;
+  for (KafkaRecord& r : ReadTopics({.timeout = seconds(60)})) {
+    const KafkaHeader* h = r.FindHeader("_watermill_message_uuid");
+    if (h == nullptr || !h->value || !gone.contains(*h->value)) records.push_back(std::move(r));
+  }
+  DeliveryReport delivery = CheckDelivery(committed, {}, records);
+  fmt::print(
+      "async promotion with {} gone transactions ({} of {} new rows with a reused xid): {}\n",
+      kGone, reused, after.size(), delivery.Summary());
+  EXPECT_EQ(committed.size(), before.size() + after.size());
+  EXPECT_EQ(delivery.lost, 0u) << delivery.Samples() << relay.LogTail(80);
+  EXPECT_EQ(delivery.phantom, 0u) << delivery.Samples();
+  EXPECT_EQ(delivery.order_violations, 0u) << delivery.Samples();
+  relay.Terminate();
+  EXPECT_EQ(relay.Wait(seconds(40)), std::optional<int>(0)) << relay.LogTail();
 }
 
 }  // namespace

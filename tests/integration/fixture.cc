@@ -151,15 +151,21 @@ WrittenRow RelayTest::InsertRow(Pg& pg, const RowSpec& spec) {
                   spec.pad == 0 ? "" : R"(,"pad":")" + std::string(spec.pad, 'p') + "\"");
   w.expected.headers = ExpectedHeaders(w.uuid, metadata);
   std::string payload = spec.stored_payload.value_or(*w.expected.value);
-  auto rows = spec.created_at
-                  ? pg.Query(fmt::format("INSERT INTO {} (uuid, payload, metadata, created_at) "
-                                         "VALUES ($1, $2, $3, $4) RETURNING transaction_id::text",
-                                         QuoteIdent(name_)),
-                             {w.uuid, payload, w.metadata_json, *spec.created_at})
-                  : pg.Query(fmt::format("INSERT INTO {} (uuid, payload, metadata) VALUES ($1, $2, "
-                                         "$3) RETURNING transaction_id::text",
-                                         QuoteIdent(name_)),
-                             {w.uuid, payload, w.metadata_json});
+  std::vector<std::optional<std::string>> params = {w.uuid, payload, w.metadata_json};
+  std::string columns = "uuid, payload, metadata";
+  if (spec.created_at) {
+    columns += ", created_at";
+    params.emplace_back(*spec.created_at);
+  }
+  if (spec.offset) {
+    columns += ", offset_consumed";
+    params.emplace_back(std::to_string(*spec.offset));
+  }
+  std::string values;
+  for (size_t i = 1; i <= params.size(); ++i) values += fmt::format("{}${}", i == 1 ? "" : ", ", i);
+  auto rows = pg.Query(fmt::format("INSERT INTO {} ({}) VALUES ({}) RETURNING transaction_id::text",
+                                   QuoteIdent(name_), columns, values),
+                       params);
   w.xid = rows.at(0)[0].value_or("");
   return w;
 }

@@ -59,6 +59,7 @@ class RelayTest : public ::testing::Test {
     size_t pad = 0;
     std::optional<std::string> created_at;      // default: the column's default
     std::optional<std::string> stored_payload;  // default: the expected payload
+    std::optional<int64_t> offset;              // default: the column's sequence
   };
   WrittenRow InsertRow(Pg& pg, const RowSpec& spec);
 

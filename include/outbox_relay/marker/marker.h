@@ -120,6 +120,15 @@ class Marker {
   Status Start();
   // Marks what is already delivered (bounded by `timeout`), then stops.
   void Stop(std::chrono::milliseconds timeout);
+  // The timeline the stream reads the delivered transactions on (0: not
+  // known yet, nothing checked). A connection to a server on another one
+  // marks nothing: a standby promoted after the last WAL it received hands
+  // out again the transaction ids the old primary had used, so (xid, offset)
+  // of a transaction read before the promotion can name another row there.
+  // Its transactions go back to the tracker as unmarkable (the pipeline
+  // restarts and sends them again). The relay sets it when the tracker holds
+  // nothing of the old timeline.
+  void ExpectTimeline(uint32_t timeline) { timeline_.store(timeline); }
 
   // The statement text (exposed for tests and `check`).
   static std::string MarkSql(const MarkerOptions& options);
@@ -150,6 +159,7 @@ class Marker {
   // Tells options_.on_round how the round went.
   void Report(const Status& round);
   // Opens lane `i`'s connection; lane 0's also reads indexed_through_.
+  // Refuses (timeline_refused_) a server on another timeline than timeline_.
   Status Connect(size_t i);
   void Disconnect();
   // Marks the visible transactions of `batch` into `marked`; the ones whose
@@ -176,7 +186,9 @@ class Marker {
   // (pg::Connection::set_abort) instead of holding the shutdown for its
   // whole deadline.
   std::atomic<bool> aborted_{false};
-  std::atomic<bool> exited_{false};  // Loop has returned
+  std::atomic<bool> exited_{false};    // Loop has returned
+  std::atomic<uint32_t> timeline_{0};  // ExpectTimeline
+  bool timeline_refused_ = false;      // the last Connect met another timeline
   // No commit of this slot above it is in the commit index, but for another
   // instance's (see MarkSql): read when connecting, raised by each statement.
   Lsn indexed_through_;

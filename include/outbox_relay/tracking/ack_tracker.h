@@ -161,6 +161,12 @@ class AckTracker {
   // the marker has taken, or Wake is called; moves nothing.
   void WaitDelivered(size_t count, std::chrono::milliseconds timeout);
   void OnMarked(const std::vector<Transaction*>& txs);
+  // `txs` cannot be marked on the server the marker reaches (another
+  // timeline: a promoted standby, where their transaction ids may name other
+  // rows): never marked nor confirmed, a retryable failure as a failed
+  // delivery is, so the pipeline restarts and their rows come again (from
+  // the slot, or the backfill of a slot made anew).
+  void Unmarkable(const std::vector<Transaction*>& txs, std::string reason);
 
   // --- delivery deadline (any thread) ---
   // If the oldest transaction with messages not yet reported handed over its

@@ -541,5 +541,30 @@ TEST(AckTracker, RestartForgetsTheFlightOnceTheMarkerHoldsNothing) {
   EXPECT_EQ(t.confirmed(), Lsn(200));
 }
 
+TEST(AckTracker, UnmarkableTransactionsConfirmNothingAndLetThePipelineRestart) {
+  AckTracker t(Lsn(1));
+  Transaction* a = AddTx(t, 100, 1);
+  Transaction* b = AddTx(t, 200, 1);
+  Transaction* c = AddTx(t, 300, 1);
+  t.OnDelivered(a);
+  t.OnDelivered(b);
+  t.OnDelivered(c);
+  std::vector<Transaction*> batch;
+  t.TakeDelivered(&batch, 1, 0ms);
+  t.OnMarked(batch);  // a, marked before the promotion
+  batch.clear();
+  t.TakeDelivered(&batch, 10, 0ms);  // b and c: the marker meets another timeline
+  ASSERT_EQ(batch.size(), 2u);
+  EXPECT_FALSE(t.Restart()) << "the marker holds b and c";
+  t.Unmarkable(batch, "timeline 2");
+  EXPECT_EQ(t.awaiting_mark(), 0u);
+  EXPECT_EQ(t.confirmed(), Lsn(100)) << "b and c are neither marked nor confirmed";
+  ASSERT_TRUE(t.failure().has_value());
+  EXPECT_TRUE(t.failure_retryable());
+  EXPECT_FALSE(t.FollowServer(Lsn(1000)));
+  EXPECT_TRUE(t.Restart()) << "nothing is with the marker any more";
+  EXPECT_EQ(t.confirmed(), Lsn(100)) << "the stream restarts here and sends b and c again";
+}
+
 }  // namespace
 }  // namespace outbox_relay::tracking
