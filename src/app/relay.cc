@@ -601,7 +601,7 @@ Status Relay::Stream(std::optional<pipeline::StreamSession>* session,
   if (!conn) return std::unexpected(conn.error());
   auto identity = pg::IdentifySystem(*conn);
   if (!identity) return std::unexpected(identity.error());
-  if (auto st = FollowPromotion(*identity); !st) return st;
+  if (auto st = FollowPromotion(*identity, *conn); !st) return st;
   // Exactly-once: the history the progress is trusted on, read before the
   // connection turns into the stream.
   std::optional<pipeline::ProgressFacts> facts;

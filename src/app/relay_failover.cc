@@ -5,6 +5,8 @@
 
 #include "outbox_relay/app/failover.h"
 #include "outbox_relay/app/relay.h"
+#include "outbox_relay/core/wal_history.h"
+#include "outbox_relay/pg/replication.h"
 #include "outbox_relay/pg/rows.h"
 
 namespace outbox_relay::app {
@@ -39,7 +41,7 @@ Status ValidateFailoverSlot(const RelayConfig& config, pg::Connection& conn) {
   return Ok();
 }
 
-Status Relay::FollowPromotion(const pg::SystemIdentity& identity) {
+Status Relay::FollowPromotion(const pg::SystemIdentity& identity, pg::Connection& repl) {
   const uint32_t previous = timeline_;
   if (previous == 0 || previous == identity.timeline) {
     timeline_ = identity.timeline;
@@ -51,15 +53,25 @@ Status Relay::FollowPromotion(const pg::SystemIdentity& identity) {
       "promoted. Resuming from this server's copy of slot {}, not from {} (confirmed on the old "
       "primary)",
       identity.timeline, previous, config_.slot, tracker_->confirmed());
-  // The transactions in flight are never marked here: the promoted server
-  // took over the old timeline at some point of its WAL, and hands out again
-  // the transaction ids the old primary used after it, so a transaction read
-  // past that point names, by (xid, offset), another row here (marking it
-  // would lose that row). The marker refuses this server (it still expects
-  // the old timeline) and gives them back as unmarkable; the pipeline
-  // restarts, and whatever of them this server has comes again, from the
-  // slot or from the backfill of a slot made anew: sent twice rather than
-  // lost.
+  // The transactions in flight that end where the two timelines still share
+  // their WAL are the same transactions here and are marked here (the
+  // marker reconnects by itself). Never the others: the promoted server
+  // hands out again the transaction ids the old primary used past that
+  // point, so such a transaction names, by (xid, offset), another row here,
+  // and marking it would lose that row. The marker gives them back as
+  // unmarkable, and the pipeline restarts: whatever of them this server has
+  // comes again, from the slot or the backfill of a slot made anew.
+  Lsn shared_below(0);
+  if (auto history = pg::ServerWalHistory(repl, identity); history) {
+    for (const TimelineFork& fork : history->ancestors) {
+      if (fork.timeline == previous) shared_below = fork.end;
+    }
+  } else {
+    spdlog::warn("TIMELINE_HISTORY {}: {}; no transaction in flight is marked on it",
+                 identity.timeline, history.error().message);
+  }
+  if (marker_) marker_->FollowTimeline(identity.timeline, shared_below);
+  Drain(std::chrono::seconds(30));
   if (!tracker_->empty()) {
     if (auto st = RestartPipeline("a standby was promoted"); !st) return st;
   }

@@ -131,8 +131,8 @@ Status Marker::Connect(size_t i) {
       timeline_refused_ = true;
       return Fail(ErrorCode::kTransient,
                   "the server writes timeline {}, the delivered transactions were read on "
-                  "timeline {} (a standby was promoted): they are not marked there, their rows "
-                  "are sent again",
+                  "timeline {} (a standby was promoted): nothing is marked there before the "
+                  "relay has read where the two timelines part",
                   *text, expected);
     }
   }
@@ -160,6 +160,25 @@ Status Marker::Connect(size_t i) {
 
 void Marker::Disconnect() {
   for (Lane& lane : lanes_) lane.conn.reset();
+}
+
+void Marker::SetTimeline(uint32_t timeline, Lsn shared_below) {
+  shared_below_.store(shared_below.value());
+  timeline_.store(timeline);
+}
+
+std::vector<tracking::Transaction*> Marker::TakeUnshared(
+    std::vector<tracking::Transaction*>* batch) {
+  std::vector<tracking::Transaction*> unshared;
+  const uint64_t below = shared_below_.load();
+  if (below == kEndOfWal.value()) return unshared;
+  std::erase_if(*batch, [&](tracking::Transaction* tx) {
+    // A backfilled row has no position: it cannot be told apart.
+    const bool shared = tx->end_lsn.value() != 0 && tx->end_lsn.value() <= below;
+    if (!shared) unshared.push_back(tx);
+    return !shared;
+  });
+  return unshared;
 }
 
 Status Marker::Start() {
@@ -238,10 +257,25 @@ void Marker::Loop() {
     }
     bool conflict_retried = false;
     bool unmarkable = false;
+    bool refusal_logged = false;
     while (true) {
       marked.clear();
       not_visible.clear();
       Status st = lanes_[0].conn ? Ok() : Connect(0);
+      if (st) {
+        if (auto unshared = TakeUnshared(&batch); !unshared.empty()) {
+          std::string why = fmt::format(
+              "read on the timeline the server left at {}, they end past it (a standby was "
+              "promoted): not marked, their rows are sent again",
+              Lsn(shared_below_.load()));
+          spdlog::warn("marker: {} transactions {}", unshared.size(), why);
+          tracker_->Unmarkable(unshared, why);
+          if (batch.empty()) {
+            unmarkable = true;
+            break;
+          }
+        }
+      }
       if (st) st = MarkBatch(batch, &marked, &not_visible);
       if (st && options_.progress != nullptr) st = options_.progress->AfterMark(*lanes_[0].conn);
       if (st) break;
@@ -255,17 +289,13 @@ void Marker::Loop() {
         spdlog::info("marker: {}; reading the commit index again", st.error().message);
         continue;
       }
-      if (timeline_refused_) {
-        spdlog::warn("marker: {} ({} transactions)", st.error().message, batch.size());
-        tracker_->Unmarkable(batch, st.error().message);
-        batch.clear();
-        unmarkable = true;
-        Report(st);
-        break;
-      }
       if (on_error_) on_error_(st.error());
       Report(st);
-      spdlog::warn("marker: {} (retrying in {} ms)", st.error().message, backoff.count());
+      // A refusal for another timeline repeats every 100 ms: said once.
+      if (!timeline_refused_ || !refusal_logged) {
+        spdlog::warn("marker: {} (retrying in {} ms)", st.error().message, backoff.count());
+      }
+      refusal_logged = timeline_refused_;
       if (stopping_.load() && Clock::now().time_since_epoch().count() > deadline_ns_.load()) {
         spdlog::error(
             "marker: stopping with {} delivered transactions unmarked; they will be "
@@ -274,7 +304,10 @@ void Marker::Loop() {
         return;
       }
       std::this_thread::sleep_for(backoff);
-      backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
+      // Another timeline: the relay is about to follow it (FollowTimeline),
+      // and its stream waits for this batch; ask again soon.
+      backoff = timeline_refused_ ? std::chrono::milliseconds(100)
+                                  : std::min(backoff * 2, std::chrono::milliseconds(5000));
     }
     if (unmarkable) {
       if (stopping_.load()) return;

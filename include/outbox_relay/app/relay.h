@@ -74,7 +74,7 @@ class Relay {
   // Before START_REPLICATION: after a promotion (the server writes another
   // timeline than the last stream), start from the new primary's copy of the
   // slot, never from a position confirmed on the old one (relay_failover.cc).
-  Status FollowPromotion(const pg::SystemIdentity& identity);
+  Status FollowPromotion(const pg::SystemIdentity& identity, pg::Connection& repl);
   // The sink: the Kafka producer (transactional for exactly-once), or the null
   // sink (relay_exactly_once.cc).
   struct RelaySink {

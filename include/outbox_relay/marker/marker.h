@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "outbox_relay/core/result.h"
+#include "outbox_relay/core/wal_history.h"
 #include "outbox_relay/pg/connection.h"
 #include "outbox_relay/tracking/ack_tracker.h"
 
@@ -122,13 +123,18 @@ class Marker {
   void Stop(std::chrono::milliseconds timeout);
   // The timeline the stream reads the delivered transactions on (0: not
   // known yet, nothing checked). A connection to a server on another one
-  // marks nothing: a standby promoted after the last WAL it received hands
-  // out again the transaction ids the old primary had used, so (xid, offset)
-  // of a transaction read before the promotion can name another row there.
-  // Its transactions go back to the tracker as unmarkable (the pipeline
-  // restarts and sends them again). The relay sets it when the tracker holds
-  // nothing of the old timeline.
-  void ExpectTimeline(uint32_t timeline) { timeline_.store(timeline); }
+  // marks nothing (the batch waits for FollowTimeline): a standby promoted after the last WAL it
+  // received hands out again the transaction ids the old primary used after it, so (xid, offset) of
+  // a transaction read past that point can name another row there. The relay sets it when the
+  // tracker holds nothing of an older timeline.
+  void ExpectTimeline(uint32_t timeline) { SetTimeline(timeline, kEndOfWal); }
+  // After a promotion, while the tracker still holds transactions read on
+  // the old timeline: the server writes `timeline`, which took over the old
+  // one's WAL below `shared_below`. Transactions that end at or below it are
+  // the same transactions there and are marked; the others (and backfilled
+  // rows, which carry no position) go back to the tracker as unmarkable: the
+  // pipeline restarts and sends their rows again if the server has them.
+  void FollowTimeline(uint32_t timeline, Lsn shared_below) { SetTimeline(timeline, shared_below); }
 
   // The statement text (exposed for tests and `check`).
   static std::string MarkSql(const MarkerOptions& options);
@@ -186,9 +192,15 @@ class Marker {
   // (pg::Connection::set_abort) instead of holding the shutdown for its
   // whole deadline.
   std::atomic<bool> aborted_{false};
-  std::atomic<bool> exited_{false};    // Loop has returned
-  std::atomic<uint32_t> timeline_{0};  // ExpectTimeline
-  bool timeline_refused_ = false;      // the last Connect met another timeline
+  std::atomic<bool> exited_{false};  // Loop has returned
+  void SetTimeline(uint32_t timeline, Lsn shared_below);
+  // The transactions of `batch` that end above shared_below_ (none when the
+  // stream's timeline is the server's): moved out of `batch`.
+  std::vector<tracking::Transaction*> TakeUnshared(std::vector<tracking::Transaction*>* batch);
+
+  std::atomic<uint32_t> timeline_{0};  // ExpectTimeline, FollowTimeline
+  std::atomic<uint64_t> shared_below_{kEndOfWal.value()};
+  bool timeline_refused_ = false;  // the last Connect met another timeline
   // No commit of this slot above it is in the commit index, but for another
   // instance's (see MarkSql): read when connecting, raised by each statement.
   Lsn indexed_through_;
