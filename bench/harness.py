@@ -1045,7 +1045,7 @@ END $$;
         fresh one runs them interpreted or half-compiled at first: in the first timed tx100
         drains after a start its CPU was 7.1-8.5 CPU-s per million rows at-least-once and
         10.9-12.3 exactly-once, against 1.8-3.9 and 4.3-6.8 after this warm-up, on the two
-        cores the relay and PostgreSQL share (bench/README.md, "The broker's warm-up")."""
+        cores the relay and PostgreSQL share (bench/analyses.md, "The broker's warm-up")."""
         rounds = self.args.broker_warmup_drains
         contenders = [c for c in ("relay-kafka", "relay-kafka-eos") if self.wanted(c)]
         if rounds <= 0 or not contenders:

@@ -162,7 +162,7 @@ Result<std::map<std::string, std::string>> ProducerConfig(const ProducerOptions&
       // 3 ms, not librdkafka's 5: at a few hundred rows/s a record waits
       // the linger alone (p99 commit -> broker append 8 ms against 10-11 at
       // 500 rows/s). Not 1: at thousands of rows/s the batches get so small
-      // that the relay's CPU doubles and it falls behind (bench/README.md).
+      // that the relay's CPU doubles and it falls behind (bench/analyses.md).
       {"linger.ms", "3"},
       {"partitioner", "fnv1a_random"},  // = Sarama's hash partitioner (the Go forwarder)
       {"compression.type", "none"},

@@ -166,7 +166,12 @@ class Prose(unittest.TestCase):
                                   f"{os.path.relpath(path, support.REPO)}:{lineno}: {name}")
 
     def test_links_resolve(self):
-        for path in markdown_files():
+        # Also the benchmark's guide and analyses and the Helm chart's page.
+        others = sorted(glob.glob(os.path.join(support.REPO, "bench", "*.md")) +
+                        glob.glob(os.path.join(support.REPO, "deploy", "**", "*.md"),
+                                  recursive=True))
+        self.assertGreaterEqual(len(others), 3)
+        for path in markdown_files() + others:
             text = read(path)
             for target in re.findall(r"\]\(([^)\s]+)\)", text):
                 if re.match(r"[a-z]+:", target):
@@ -195,7 +200,20 @@ class Prose(unittest.TestCase):
         commands = [l.split("#")[0].strip() for l in block.splitlines() if l.strip()]
         self.assertEqual(commands, ["./scripts/demo", "./scripts/test"])
         self.assertIn("## Performance", readme)
-        self.assertIn("bench/run", readme.split("## Performance", 1)[1])
+        performance = readme.split("## Performance", 1)[1].split("\n## ", 1)[0]
+        self.assertIn("bench/run", performance)
+        # One table, the details one click away (bench/analyses.md keeps every figure).
+        self.assertEqual(len(re.findall(r"^\|---", performance, re.M)), 1)
+        self.assertIn("](bench/analyses.md", performance)
+        # The quick start against one's own database: check, then run.
+        quick = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+        (block,) = re.findall(r"```sh\n(.*?)```", quick, re.S)
+        commands = [l.split("#")[0].split() for l in block.splitlines()]
+        order = [c[1] for c in commands if c[:1] == ["outbox-relay"]]
+        self.assertEqual(order[:2], ["check", "run"])
+        self.assertLessEqual(len(block.splitlines()), 10)
+        # Read in two minutes.
+        self.assertLessEqual(len(readme.splitlines()), 130)
 
 
 if __name__ == "__main__":

@@ -263,8 +263,7 @@ class Kubernetes(EnvChecks):
         # its successor waits as standby: maxUnavailable >= replicas.
         dep, _, _ = self.relay_deployment()
         cases = [dep["spec"]]
-        patch = os.path.join(DEPLOY, "deployment-hot-standby.yaml")
-        (standby,) = load_yaml(patch)
+        (standby,) = self.find("Deployment", "deployment-hot-standby.yaml")
         self.assertEqual(standby["spec"]["replicas"], 2)
         cases.append(standby["spec"])
         for spec in cases:
@@ -297,7 +296,9 @@ class Kubernetes(EnvChecks):
         self.assertEqual(spec["concurrencyPolicy"], "Forbid")
         (c,) = spec["jobTemplate"]["spec"]["template"]["spec"]["containers"]
         script = " ".join(c.get("command", []) + c.get("args", []))
-        self.assertIn("VACUUM (VERBOSE, ANALYZE) outbox;", script)
+        # The relay's table (OUTBOX_TABLE's default: public.outbox).
+        table = support.default_of(support.commands()["run"], "--table")
+        self.assertIn(f"VACUUM (VERBOSE, ANALYZE) {table};", script)
         self.assertNotIn("FULL", script)
         # Kubernetes turns $$ into $ in command/args: a $$ dollar quote would break.
         self.assertNotIn("$$", script)

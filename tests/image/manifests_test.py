@@ -5,13 +5,14 @@ The validator is kubectl-validate (sigs.k8s.io/kubectl-validate, built from the 
 proxy by `scripts/image tool kubectl-validate`): it runs the API server's own validation
 (types, required fields, formats, names and labels) against the OpenAPI v3 schemas of
 Kubernetes 1.23-1.30 built into it, so no cluster and no download is involved. The
-Prometheus Operator's resources (PodMonitor, and docs/alerts.yml as the PrometheusRule that
-docs/deploy/monitoring.yaml says to wrap it in) are checked against the operator's CRDs, taken
+Prometheus Operator's resources (PodMonitor, and docs/alerts.yml as a PrometheusRule) are
+checked against the operator's CRDs, taken
 from its Go module (github.com/prometheus-operator/prometheus-operator, example/
 prometheus-operator-crd).
 
-A validator that accepts anything would pass too, so broken copies of the Deployment must be
-refused. (The schemas check types, required and unknown fields; the API server's hand-written
+docs/deploy is the Helm chart's rendering (scripts/gen-chart); tests/image/chart_test.py
+validates the chart's other variants the same way. A validator that accepts anything would
+pass too, so broken copies of the Deployment must be refused. (The schemas check types, required and unknown fields; the API server's hand-written
 checks, such as the syntax of a port name, are not part of them.)
 """
 
@@ -66,25 +67,29 @@ class Manifests(unittest.TestCase):
     def test_every_manifest_is_valid(self):
         paths = sorted(glob.glob(os.path.join(DEPLOY, "*.yaml")))
         self.assertGreaterEqual(len(paths), 5)
-        # The hot-standby file is a strategic-merge patch, not a whole object: checked merged
-        # into the Deployment below.
-        whole = [p for p in paths if not p.endswith("deployment-hot-standby.yaml")]
-        p = self.validate(*whole)
+        p = self.validate(*paths)
         print(p.stdout)
         self.assertEqual(p.returncode, 0, p.stdout)
 
-    def test_hot_standby_patch_gives_a_valid_deployment(self):
-        with open(os.path.join(DEPLOY, "deployment.yaml"), encoding="utf-8") as f:
-            (deployment,) = [d for d in yaml.safe_load_all(f) if d]
-        with open(os.path.join(DEPLOY, "deployment-hot-standby.yaml"), encoding="utf-8") as f:
-            (patch,) = [d for d in yaml.safe_load_all(f) if d]
-        merged = strategic_merge(deployment, patch)
-        path = os.path.join(self.tmp, "deployment-hot-standby-merged.yaml")
-        with open(path, "w", encoding="utf-8") as f:
-            yaml.safe_dump(merged, f)
-        p = self.validate(path)
-        self.assertEqual(p.returncode, 0, p.stdout)
-        self.assertEqual(merged["spec"]["replicas"], patch["spec"]["replicas"])
+    def test_hot_standby_is_the_deployment_with_two_replicas(self):
+        # The chart renders both files (scripts/gen-chart): the same Deployment, but for the
+        # replicas, the rollout's maxUnavailable, the anti-affinity and the budget.
+        def load(name):
+            with open(os.path.join(DEPLOY, name), encoding="utf-8") as f:
+                return {d["kind"]: d for d in yaml.safe_load_all(f) if d}
+        one, two = load("deployment.yaml"), load("deployment-hot-standby.yaml")
+        self.assertEqual(two["Deployment"]["spec"]["replicas"], 2)
+        self.assertEqual(two["Deployment"]["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"], 2)
+        anti = two["Deployment"]["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+        (term,) = anti["requiredDuringSchedulingIgnoredDuringExecution"]
+        self.assertEqual(term["topologyKey"], "kubernetes.io/hostname")
+        self.assertEqual(two["PodDisruptionBudget"]["spec"]["maxUnavailable"], 2)
+        for doc in (one, two):
+            doc["Deployment"]["spec"].pop("replicas")
+            doc["Deployment"]["spec"].pop("strategy")
+            doc["Deployment"]["spec"]["template"]["spec"].pop("affinity", None)
+            doc["PodDisruptionBudget"]["spec"].pop("maxUnavailable")
+        self.assertEqual(one, two)
 
     def test_alert_rules_as_a_prometheus_rule(self):
         with open(os.path.join(REPO, "docs", "alerts.yml"), encoding="utf-8") as f:
@@ -99,7 +104,7 @@ class Manifests(unittest.TestCase):
 
     def test_a_broken_manifest_is_refused(self):
         with open(os.path.join(DEPLOY, "deployment.yaml"), encoding="utf-8") as f:
-            (deployment,) = [d for d in yaml.safe_load_all(f) if d]
+            (deployment,) = [d for d in yaml.safe_load_all(f) if d and d["kind"] == "Deployment"]
         broken = {
             "replicas as a string": lambda d: d["spec"].__setitem__("replicas", "one"),
             "unknown field in the container": lambda d: d["spec"]["template"]["spec"][
@@ -117,28 +122,6 @@ class Manifests(unittest.TestCase):
                 with open(path, "w", encoding="utf-8") as f:
                     yaml.safe_dump(doc, f)
                 self.assertNotEqual(self.validate(path).returncode, 0, what)
-
-
-def strategic_merge(base, patch):
-    """The part of a strategic-merge patch the hot-standby file uses: maps merge, lists of
-    named objects (containers, env) merge by name, other values replace."""
-    if isinstance(base, dict) and isinstance(patch, dict):
-        out = dict(base)
-        for k, v in patch.items():
-            out[k] = strategic_merge(base[k], v) if k in base else v
-        return out
-    if (isinstance(base, list) and isinstance(patch, list) and
-            all(isinstance(x, dict) and "name" in x for x in base + patch)):
-        out = list(base)
-        for item in patch:
-            names = [x["name"] for x in out]
-            if item["name"] in names:
-                i = names.index(item["name"])
-                out[i] = strategic_merge(out[i], item)
-            else:
-                out.append(item)
-        return out
-    return patch
 
 
 if __name__ == "__main__":

@@ -16,13 +16,15 @@ In order (one class, numbered tests; a failure stops the rest):
      row, each review's versions in order;
   3. Prometheus scrapes the relay (target up, the seed's metrics with service="review") and
      loaded every rule of docs/alerts.yml;
-  4. docs/deploy/deployment.yaml's container, started as the kubelet would (env with the
-     Secret's value, args, security context, read-only root, resources, grace period) on the
-     stack's network: liveness and readiness answer on the probes' port and paths (a standby
-     while compose's relay holds the slot, ready once it stops), it publishes, and `docker
-     stop` with the pod's grace period ends in exit 0;
-  5. the CronJobs' containers (the seed's cleanup and VACUUM), started the same way, run to
-     completion with exit 0 against the stack's database;
+  4. the Helm chart's Deployment (deploy/helm/outbox-relay rendered with
+     deploy/helm/examples/review.yaml, which is docs/deploy/deployment.yaml too), its container
+     started as the kubelet would (env with the Secret's value, args, security context,
+     read-only root, resources, grace period) on the stack's network: liveness and readiness
+     answer on the probes' port and paths (a standby while compose's relay holds the slot,
+     ready once it stops), it publishes and marks rows (every acked row in Kafka: lost = 0,
+     phantom = 0), and `docker stop` with the pod's grace period ends in exit 0;
+  5. the chart's CronJobs' containers (the seed's cleanup and VACUUM), started the same way,
+     run to completion with exit 0 against the stack's database;
   6. `docker-compose stop` ends every service cleanly, `docker-compose down -v` leaves no
      container, network or volume.
 
@@ -45,9 +47,8 @@ REPO = os.environ.get("OUTBOX_REPO_ROOT") or os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 IMAGE_SCRIPT = os.path.join(REPO, "scripts", "image")
 COMPOSE_FILE = os.path.join(REPO, "docker", "compose.yml")
-DEPLOYMENT = os.path.join(REPO, "docs", "deploy", "deployment.yaml")
-CLEANUP = os.path.join(REPO, "docs", "deploy", "cleanup-cronjob.yaml")
-VACUUM = os.path.join(REPO, "docs", "deploy", "vacuum-cronjob.yaml")
+CHART = os.path.join(REPO, "deploy", "helm", "outbox-relay")
+CHART_VALUES = os.path.join(REPO, "deploy", "helm", "examples", "review.yaml")
 ALERTS = os.path.join(REPO, "docs", "alerts.yml")
 DOCKER = "/usr/bin/docker"
 RELAY_IMAGE = os.environ.get("OUTBOX_IMAGE", "outbox-relay:local")
@@ -181,29 +182,44 @@ class Stack(unittest.TestCase):
                         "FROM outbox WHERE offset_acked IS NOT NULL ORDER BY offset_consumed")
         return [json.loads(line) for line in out.splitlines() if line.strip()]
 
+    def records(self):
+        """Every record of kazmaps.review.review, read through the host listener compose.yml
+        documents for kcat (localhost:29092), with its headers as a list of pairs."""
+        p = in_netns(["kcat", "-b", "localhost:29092", "-C", "-t", "kazmaps.review.review",
+                      "-o", "beginning", "-e", "-q", "-J"], timeout=120)
+        records = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+        for r in records:
+            h = r.get("headers") or []
+            r["headers_list"] = list(zip(h[0::2], h[1::2]))
+        return records
+
+    def delivery(self, rows, records=None):
+        """(lost, phantom, duplicates) of the acked rows against the topic: lost = acked
+        rows without a record, phantom = records of no row in the table."""
+        if records is None:
+            records = self.records()
+        by_uuid = {}
+        duplicates = 0
+        for r in records:
+            uuid = dict(r["headers_list"]).get("_watermill_message_uuid")
+            if uuid in by_uuid:
+                duplicates += 1
+            by_uuid.setdefault(uuid, r)
+        self.by_uuid = by_uuid
+        table_uuids = set(self.psql("SELECT uuid FROM outbox").split())
+        lost = [row for row in rows if row["uuid"] not in by_uuid]
+        phantom = [u for u in by_uuid if u not in table_uuids]
+        return lost, phantom, duplicates
+
     def test_2_writer_events_arrive_in_kafka(self):
         wait_for("50 of the writer's rows acked by the relay",
                  lambda: int(self.psql("SELECT count(*) FROM outbox "
                                        "WHERE offset_acked IS NOT NULL")) >= 50,
                  timeout=120, interval=2)
         rows = self.acked_rows()
-        # The host listener compose.yml documents for kcat (localhost:29092).
-        p = in_netns(["kcat", "-b", "localhost:29092", "-C", "-t", "kazmaps.review.review",
-                      "-o", "beginning", "-e", "-q", "-J"], timeout=120)
-        records = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
-        by_uuid = {}
-        duplicates = 0
-        for r in records:
-            h = r.get("headers") or []
-            headers = list(zip(h[0::2], h[1::2]))
-            r["headers_list"] = headers
-            uuid = dict(headers).get("_watermill_message_uuid")
-            if uuid in by_uuid:
-                duplicates += 1
-            by_uuid.setdefault(uuid, r)
-        table_uuids = set(self.psql("SELECT uuid FROM outbox").split())
-        lost = [row for row in rows if row["uuid"] not in by_uuid]
-        phantom = [u for u in by_uuid if u not in table_uuids]
+        records = self.records()
+        lost, phantom, duplicates = self.delivery(rows, records)
+        by_uuid = self.by_uuid
         mismatches = []
         for row in rows:
             r = by_uuid.get(row["uuid"])
@@ -263,19 +279,44 @@ class Stack(unittest.TestCase):
         self.assertEqual(loaded, want)
         self.assertEqual(unhealthy, [])
 
+    @classmethod
+    def chart(cls):
+        """The Helm chart rendered with the values docs/deploy is rendered with (the review
+        service: its Secrets' names are those of SECRETS below)."""
+        if getattr(cls, "rendered", None) is None:
+            helm = sh([IMAGE_SCRIPT, "tool", "helm"], timeout=1800).stdout.strip().splitlines()[-1]
+            out = sh([helm, "template", "review", CHART, "--namespace", "review", "-f",
+                      CHART_VALUES]).stdout
+            cls.rendered = [d for d in yaml.safe_load_all(out) if d]
+        return cls.rendered
+
     def test_4_deployment_pod_runs_as_the_kubelet_starts_it(self):
-        pod = KubeletStyle(self, DEPLOYMENT, "Deployment")
+        pod = KubeletStyle(self, self.chart(), "Deployment")
+        acked_before = int(self.psql("SELECT count(*) FROM outbox WHERE offset_acked IS NOT NULL"))
         pod.start()
         try:
             pod.check()
         finally:
             pod.remove()
+        # What the chart's pod published: every row it marked is in Kafka (with all the
+        # earlier ones), none that is not in the table.
+        rows = self.acked_rows()
+        self.assertGreater(len(rows), acked_before)
+        lost, phantom, duplicates = self.delivery(rows)
+        print(f"pod: {len(rows) - acked_before} more rows acked while the chart's pod ran; "
+              f"all {len(rows)} acked: lost={len(lost)} phantom={len(phantom)} "
+              f"duplicates={duplicates}")
+        self.assertEqual(lost, [])
+        self.assertEqual(phantom, [])
 
     def test_5_cronjobs_run_as_the_kubelet_starts_them(self):
         # The seed's nightly cleanup (the relay's image, its role) and weekly VACUUM (the
         # postgres image, the table's owner), each to completion, with the Job's deadline.
-        for path, expect in ((CLEANUP, r"cleanup: done in"), (VACUUM, r"INFO:\s+vacuuming")):
-            job = KubeletStyle(self, path, "CronJob")
+        for component, expect in (("cleanup", r"cleanup: done in"),
+                                  ("vacuum", r"INFO:\s+vacuuming")):
+            (doc,) = [d for d in self.chart() if d["kind"] == "CronJob" and
+                      d["metadata"]["labels"]["app.kubernetes.io/component"] == component]
+            job = KubeletStyle(self, [doc], "CronJob")
             deadline = job.doc["spec"]["jobTemplate"]["spec"].get("activeDeadlineSeconds", 600)
             try:
                 code, out = job.run_to_completion(min(deadline, 300))
@@ -350,10 +391,8 @@ class KubeletStyle:
     # The public images the manifests name and the local ones standing in for them.
     IMAGES = {"outbox-relay": RELAY_IMAGE, "postgres": "postgres:15"}
 
-    def __init__(self, test, path, kind):
+    def __init__(self, test, docs, kind):
         self.t = test
-        with open(path, encoding="utf-8") as f:
-            docs = [d for d in yaml.safe_load_all(f) if d]
         (self.doc,) = [d for d in docs if d["kind"] == kind]
         spec = self.doc["spec"]
         if kind == "CronJob":
