@@ -134,9 +134,9 @@ Status CheckRelaySchema(const RelaySchemaFound& found, int known) {
   return Fail(ErrorCode::kInvalidArgument,
               "the relay schema outbox_relay is of version {}, which relays of schema version "
               "{} or newer can run against; this relay (outbox-relay {}) knows schema version "
-              "{}: it does not start, and nothing is read from the slot or published. Run a "
-              "release of schema version {} or newer (CHANGELOG.md), or restore the schema that "
-              "release's notes name (docs/upgrading.md)",
+              "{} and leaves it alone: nothing is read from the slot, published, marked or "
+              "deleted. Run a release of schema version {} or newer (CHANGELOG.md), or restore "
+              "the schema that release's notes name (docs/upgrading.md)",
               found.version, found.readable_by, RelayVersion(), known, found.readable_by);
 }
 

@@ -486,6 +486,20 @@ TEST_F(Upgrade, ANewerSchemaRunsOnlyWhenItDeclaresThisReleaseMayReadIt) {
   EXPECT_NE(check.out.find("schema outbox_relay: the relay schema outbox_relay is of version 2"),
             std::string::npos)
       << check.Describe();
+  // The commands that read or delete the commit index leave it alone too.
+  CommandResult cleanup =
+      RunRelayCommand({"cleanup", "--dry-run"}, {{"DATABASE_URL", env_.database_url},
+                                                 {"OUTBOX_TABLE", "public." + name_},
+                                                 {"OUTBOX_RETENTION_DAYS", "7"}});
+  EXPECT_EQ(cleanup.exit_code, 2) << cleanup.Describe();
+  EXPECT_NE((cleanup.out + cleanup.err).find("is of version 2"), std::string::npos)
+      << cleanup.Describe();
+  CommandResult replay = RunRelayCommand(
+      {"replay", "--table", "public." + name_, "--slot", name_, "--from-lsn", "0/0", "--dry-run"},
+      check_env);
+  EXPECT_EQ(replay.exit_code, 2) << replay.Describe();
+  EXPECT_NE((replay.out + replay.err).find("is of version 2"), std::string::npos)
+      << replay.Describe();
   // Nothing read from the slot, nothing published or marked.
   EXPECT_EQ(confirmed(), confirmed_before);
   EXPECT_EQ(UnackedRows(), 20);
