@@ -693,6 +693,43 @@ TEST_P(UpgradeCrash, ExactlyOnceKillNineOfEitherReleaseUnderLoad) {
   }
 }
 
+// Forward again after a graceful rollback, when the previous release then
+// crashes: this release's own topic holds the record it wrote before the
+// rollback, outbox-relay.progress the newer one the previous release wrote.
+// It takes the one that holds more: what the previous release had in flight
+// is marked, not published twice.
+TEST_F(Upgrade, ExactlyOnceForwardAgainAfterThePreviousReleaseCrashedPublishesNothingTwice) {
+  CreateTables();
+  const std::vector<std::string> eos = {"--delivery", "exactly-once", "--shutdown-timeout-ms",
+                                        "10000"};
+  Ledger ledger;
+  LoadGenerator load = MixedLoad(&ledger);
+  RelayProcess* active = &Start(Release::kThis, eos);
+  ASSERT_TRUE(WaitStreaming(*active, seconds(60))) << active->LogTail();
+  load.Start();
+  std::this_thread::sleep_for(milliseconds(1500));
+  active = HandOver(active, Release::kPrevious, eos, "rollback (this -> previous)");
+  RelayProcess& next = Start(Release::kThis, eos);
+  ASSERT_TRUE(next.WaitForLog("standby:", seconds(30))) << next.LogTail();
+  std::this_thread::sleep_for(milliseconds(2000));
+  auto t0 = std::chrono::steady_clock::now();
+  active->Kill(SIGKILL);
+  ASSERT_EQ(active->Wait(seconds(10)), std::optional<int>(128 + SIGKILL));
+  ASSERT_TRUE(WaitStreaming(next, seconds(60))) << next.LogTail();
+  figures_ +=
+      fmt::format("  kill -9 of the previous release; this one streaming {:.2f} s after it\n",
+                  SecondsSince(t0));
+  EXPECT_NE(next.Log().find("the shared progress topic holds this relay's progress up to"),
+            std::string::npos)
+      << next.LogTail();
+  std::this_thread::sleep_for(milliseconds(1500));
+  ASSERT_EQ(load.Stop(), "") << "writer failed";
+  EXPECT_EQ(WaitAllAcked(seconds(90)), 0) << DescribeUnacked();
+  Stop(&next);
+  EXPECT_EQ(MisackedRows(), 0);
+  CheckEveryRowOnce(ledger, Events(true), "exactly-once, forward again after a crash");
+}
+
 INSTANTIATE_TEST_SUITE_P(ProgressTopic, UpgradeCrash, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& param) {
                            return param.param ? std::string("Shared") : std::string("Defaults");
