@@ -45,7 +45,8 @@ using RelayEnv = std::map<std::string, std::optional<std::string>>;
 
 enum class Release { kPrevious, kThis };
 
-const char* NameOf(Release r) { return r == Release::kPrevious ? "previous" : "this"; }
+// "the previous release's relay", "this release's relay".
+const char* NameOf(Release r) { return r == Release::kPrevious ? "the previous" : "this"; }
 
 // The previous release's relay: $OUTBOX_IT_PREVIOUS_RELAY_BIN, else the one
 // scripts/previous-release built (ctest's upgrade_previous_release_build
@@ -234,7 +235,7 @@ class Upgrade : public RelayTest {
                          const std::vector<std::string>& extra, const std::string& what) {
     RelayProcess& next = Start(next_release, extra);
     EXPECT_TRUE(next.WaitForLog("standby:", seconds(30)))
-        << what << ": the " << NameOf(next_release) << " release did not say it is standby\n"
+        << what << ": " << NameOf(next_release) << " release did not say it is standby\n"
         << next.LogTail();
     std::this_thread::sleep_for(milliseconds(1500));  // both running, under load
     auto t0 = std::chrono::steady_clock::now();
@@ -245,7 +246,7 @@ class Upgrade : public RelayTest {
     bool took_over = WaitStreaming(next, seconds(30));
     EXPECT_TRUE(took_over) << what << ": no takeover\n" << next.LogTail();
     figures_ += fmt::format(
-        "  {}: exit {} {:.2f} s after SIGTERM; the {} release's relay streaming {:.2f} s "
+        "  {}: exit {} {:.2f} s after SIGTERM; {} release's relay streaming {:.2f} s "
         "after it\n",
         what, code.value_or(-1), stopped, NameOf(next_release), SecondsSince(t0));
     return &next;
@@ -671,7 +672,7 @@ TEST_P(UpgradeCrash, ExactlyOnceKillNineOfEitherReleaseUnderLoad) {
     active->Kill(SIGKILL);
     ASSERT_EQ(active->Wait(seconds(10)), std::optional<int>(128 + SIGKILL));
     ASSERT_TRUE(WaitStreaming(standby, seconds(60))) << standby.LogTail();
-    figures_ += fmt::format("  kill -9; the {} release's relay streaming {:.2f} s after it\n",
+    figures_ += fmt::format("  kill -9; {} release's relay streaming {:.2f} s after it\n",
                             NameOf(next), SecondsSince(t0));
     active = &standby;
   }

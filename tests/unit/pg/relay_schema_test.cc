@@ -47,7 +47,9 @@ TEST(RelaySchemaVersion, ANewerVersionRunsOnlyWhenItSaysThisRelayMayReadIt) {
   EXPECT_NE(m.find("knows schema version 1"), std::string::npos) << m;
   EXPECT_NE(m.find(std::string("outbox-relay ") + std::string(RelayVersion())), std::string::npos)
       << m;
-  EXPECT_NE(m.find("nothing is read from the slot, published, marked or deleted"), std::string::npos) << m;
+  EXPECT_NE(m.find("nothing is read from the slot, published, marked or deleted"),
+            std::string::npos)
+      << m;
 }
 
 TEST(RelaySchemaVersion, TheSchemaOfANewDatabaseIsEveryStepAndItsRecord) {
