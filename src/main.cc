@@ -11,13 +11,18 @@
 #include "outbox_relay/app/relay.h"
 #include "outbox_relay/app/signals.h"
 #include "outbox_relay/core/failpoint.h"
+#include "outbox_relay/core/version.h"
+
+// The commit the binary is built from (generated/build_commit.cc, written at
+// every build by cmake/build_commit.cmake).
+extern const char kOutboxRelayCommit[];
 
 int main(int argc, char** argv) {
   CLI::App app{
       "outbox-relay: publishes transactional-outbox rows from PostgreSQL to Kafka through "
       "logical replication, at least once, in commit order."};
   app.require_subcommand(1);
-  app.set_version_flag("--version", OUTBOX_RELAY_VERSION);
+  app.set_version_flag("--version", std::string(outbox_relay::RelayVersion()));
 
   outbox_relay::app::RelayConfig config;
   CLI::App* run = app.add_subcommand("run", "Stream outbox INSERTs to Kafka until SIGTERM");
@@ -29,7 +34,9 @@ int main(int argc, char** argv) {
   outbox_relay::app::AddOpsCommands(app);
 
   app.add_subcommand("version", "Print the version and the libraries it runs with")->callback([] {
-    std::fputs(outbox_relay::app::VersionReport(OUTBOX_RELAY_VERSION).c_str(), stdout);
+    std::fputs(
+        outbox_relay::app::VersionReport(outbox_relay::RelayVersion(), kOutboxRelayCommit).c_str(),
+        stdout);
   });
 
   try {
@@ -54,8 +61,9 @@ int main(int argc, char** argv) {
       return 2;
     }
     const std::atomic<bool>& stop = outbox_relay::app::InstallStopSignals();
-    spdlog::info("outbox-relay {} starting: table {}, slot {}, publication {}, sink {}",
-                 OUTBOX_RELAY_VERSION, config.table, config.slot, config.publication,
+    spdlog::info("outbox-relay {} (commit {}) starting: table {}, slot {}, publication {}, sink {}",
+                 outbox_relay::RelayVersion(), kOutboxRelayCommit, config.table, config.slot,
+                 config.publication,
                  config.sink == outbox_relay::app::SinkKind::kNull ? "null" : "kafka");
     outbox_relay::app::Relay relay(config);
     return relay.Run(stop);

@@ -619,6 +619,22 @@ class Checker : CheckList {
     Ok(name, detail);
   }
 
+  // What run does with the schema version it finds (pg::EnsureRelaySchema).
+  static std::string VersionNote(const pg::RelaySchemaFound& found) {
+    if (!found.recorded) {
+      return fmt::format("version {}, not recorded yet (run records it)", found.version);
+    }
+    if (found.version > pg::kRelaySchemaVersion) {
+      return fmt::format("version {}, newer than this relay's {} and readable by it", found.version,
+                         pg::kRelaySchemaVersion);
+    }
+    if (found.version < pg::kRelaySchemaVersion) {
+      return fmt::format("version {} (run migrates it to {})", found.version,
+                         pg::kRelaySchemaVersion);
+    }
+    return fmt::format("version {}", found.version);
+  }
+
   void RelaySchema() {
     // to_regclass() needs USAGE on the schema; CASE keeps the order.
     auto res = conn_->Exec(
@@ -663,7 +679,20 @@ class Checker : CheckList {
       if (!writable) {
         Failed("schema outbox_relay", writable.error().message, "");
       } else if (*writable) {
-        Ok("schema outbox_relay", "commits (the replay index) and state exist and are writable");
+        // The relay refuses a newer schema that does not declare itself
+        // readable by this release (pg/relay_schema.h): so does check.
+        auto found = pg::ReadRelaySchema(*conn_);
+        if (!found) {
+          Failed("schema outbox_relay", found.error().message, "");
+        } else if (auto st = pg::CheckRelaySchema(*found); !st) {
+          Failed("schema outbox_relay", st.error().message,
+                 fmt::format("a release of relay schema version {} or newer (docs/upgrading.md)",
+                             found->readable_by));
+        } else {
+          Ok("schema outbox_relay",
+             fmt::format("commits (the replay index) and state exist and are writable; {}",
+                         VersionNote(*found)));
+        }
       } else {
         Failed("schema outbox_relay",
                fmt::format("{} cannot write outbox_relay.commits / outbox_relay.state", role_),

@@ -10,6 +10,7 @@
 
 #include "outbox_relay/app/commands.h"
 #include "outbox_relay/app/logging.h"
+#include "outbox_relay/pg/relay_schema.h"
 #include "outbox_relay/pg/rows.h"
 
 namespace outbox_relay::app {
@@ -200,6 +201,11 @@ Status PruneCommitIndex(pg::Connection& conn, const CleanupConfig& c,
     report->commit_index_exists = *found;
   }
   if (c.prune_commits && report->commit_index_exists) {
+    // What the index's rows mean is the relay schema's: a newer one that
+    // does not declare itself readable by this release is not touched.
+    auto schema = pg::ReadRelaySchema(conn);
+    if (!schema) return std::unexpected(schema.error());
+    if (auto st = pg::CheckRelaySchema(*schema); !st) return st;
     if (c.dry_run) {
       auto n = Count(
           conn, "SELECT count(*) FROM outbox_relay.commits WHERE commit_time < $1::timestamptz",

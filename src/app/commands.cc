@@ -19,6 +19,8 @@
 #include "outbox_relay/app/slot_command.h"
 #include "outbox_relay/core/failpoint.h"
 #include "outbox_relay/core/json.h"
+#include "outbox_relay/pg/relay_schema.h"
+#include "outbox_relay/pipeline/kafka_progress.h"
 
 namespace outbox_relay::app {
 
@@ -110,7 +112,7 @@ std::string PrettyBytes(int64_t bytes) {
   return fmt::format("{:.1f} {}", v, kUnits[unit]);
 }
 
-std::string VersionReport(std::string_view relay_version) {
+std::string VersionReport(std::string_view relay_version, std::string_view commit) {
   std::string features = "unknown";
   if (rd_kafka_conf_t* conf = rd_kafka_conf_new()) {
     std::array<char, 512> buf{};
@@ -126,9 +128,15 @@ std::string VersionReport(std::string_view relay_version) {
   }
   // PQlibVersion(): major * 10000 + minor since PostgreSQL 10.
   const int libpq = PQlibVersion();
-  std::string text =
-      fmt::format("outbox-relay {}\nlibrdkafka: {} ({})\nlibpq: {}.{}\n", relay_version,
-                  rd_kafka_version_str(), features, libpq / 10000, libpq % 10000);
+  std::string text = fmt::format(
+      "outbox-relay {}\ncommit: {}\n"
+      "relay schema: {} (runs against newer schemas that declare themselves readable by {})\n"
+      "exactly-once progress record: format {} (reads records readable by format {} or "
+      "older)\n"
+      "librdkafka: {} ({})\nlibpq: {}.{}\n",
+      relay_version, commit, pg::kRelaySchemaVersion, pg::kRelaySchemaVersion,
+      pipeline::kProgressFormat, pipeline::kProgressFormat, rd_kafka_version_str(), features,
+      libpq / 10000, libpq % 10000);
   if constexpr (failpoint::kCompiledIn) {
     text += fmt::format("failpoints: compiled in ({}): a test build, not for production\n",
                         failpoint::kVariable);

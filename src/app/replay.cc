@@ -19,6 +19,7 @@
 #include "outbox_relay/kafka/producer.h"
 #include "outbox_relay/outbox/record.h"
 #include "outbox_relay/pg/connection.h"
+#include "outbox_relay/pg/relay_schema.h"
 #include "outbox_relay/pg/rows.h"
 
 namespace outbox_relay::app {
@@ -209,6 +210,10 @@ Result<outbox::ColumnMap> CheckTable(pg::Connection& conn, const ReplayConfig& c
                 "there is no commit index (outbox_relay.commits): the relay never published "
                 "from this database, so there is nothing to replay");
   }
+  // The index's rows as this release knows them, or not at all.
+  auto schema = pg::ReadRelaySchema(conn);
+  if (!schema) return std::unexpected(schema.error());
+  if (auto st = pg::CheckRelaySchema(*schema); !st) return std::unexpected(st.error());
   auto probe = conn.Exec(fmt::format("SELECT * FROM {} LIMIT 0", c.relay.table_name.Quoted()));
   if (!probe) return std::unexpected(probe.error());
   return outbox::ColumnMap::Resolve(pg::RelationOf(probe->get()), c.relay.columns);

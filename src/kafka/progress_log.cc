@@ -242,8 +242,17 @@ Result<std::optional<std::string>> KafkaProgressLog::ReadLast(const std::string&
   return legacy;
 }
 
+Result<std::optional<std::string>> KafkaProgressLog::ReadShared(const std::string& key) {
+  if (options_.legacy_topic.empty() || options_.legacy_topic == options_.topic) {
+    return std::optional<std::string>();
+  }
+  bool found = false;
+  return ReadFrom(options_.legacy_topic, key, &found, false);
+}
+
 Result<std::optional<std::string>> KafkaProgressLog::ReadFrom(const std::string& topic,
-                                                              const std::string& key, bool* found) {
+                                                              const std::string& key, bool* found,
+                                                              bool wait) {
   rd_kafka_t* committed = clients_->committed.get();
   rd_kafka_t* uncommitted = clients_->uncommitted.get();
   auto partitions = Partitions(committed, topic, options_.timeout);
@@ -259,7 +268,7 @@ Result<std::optional<std::string>> KafkaProgressLog::ReadFrom(const std::string&
       auto q = QueryOffsets(committed, uncommitted, topic, p, options_.timeout);
       if (!q) return std::unexpected(q.error());
       o = *q;
-      if (o.stable >= o.high) break;
+      if (o.stable >= o.high || !wait) break;
       if (Clock::now() >= deadline) {
         return Fail(ErrorCode::kTransient,
                     "progress topic {} [{}]: a transaction of another producer is open there "

@@ -28,9 +28,52 @@ Status ExactlyOnce::Start(const ProgressFacts& facts) {
   if (auto st = parts_.log->Prepare(); !st) return st;
   auto value = parts_.log->ReadLast(facts.key);
   if (!value) return std::unexpected(value.error());
+  if (value->has_value()) {
+    if (auto shared = NewerSharedRecord(**value, facts)) value = std::move(shared);
+  }
   has_last_value_ = value->has_value();
   last_value_ = value->value_or("");
   return Trust(*value, facts);
+}
+
+std::optional<std::string> ExactlyOnce::NewerSharedRecord(const std::string& own,
+                                                          const ProgressFacts& facts) {
+  // Relays before 0.2 kept every relay's record in one shared topic. After a
+  // rollback to such a release and forward again, its record there holds
+  // what it published since this relay's own was written (docs/upgrading.md).
+  // Either is true, so the one that holds more is trusted; what cannot be
+  // read or trusted of the shared one is left out (duplicates at worst).
+  auto shared = parts_.log->ReadShared(facts.key);
+  if (!shared) {
+    spdlog::warn(
+        "exactly-once: the record in the shared progress topic was not read ({}): "
+        "this relay's own is used",
+        shared.error().message);
+    return std::nullopt;
+  }
+  if (!*shared || **shared == own) return std::nullopt;
+  auto trusted = [&](const std::string& value) -> std::optional<KafkaProgress> {
+    auto record = DecodeProgress(value);
+    if (!record) return std::nullopt;
+    auto t = TrustedProgress(*record, facts);
+    if (!t) return std::nullopt;
+    return std::move(*t);
+  };
+  std::optional<KafkaProgress> theirs = trusted(**shared);
+  std::optional<KafkaProgress> mine = trusted(own);
+  if (!theirs) {
+    spdlog::warn(
+        "exactly-once: the record under {} in the shared progress topic cannot be "
+        "read or is not this relay's: left out",
+        facts.key);
+    return std::nullopt;
+  }
+  if (!mine || !theirs->Beyond(*mine)) return std::nullopt;
+  spdlog::info(
+      "exactly-once: the shared progress topic holds this relay's progress up to {} (a release "
+      "before 0.2 wrote it), its own topic up to {}: the further one is taken",
+      theirs->final_lsn, mine->final_lsn);
+  return std::move(*shared);
 }
 
 Status ExactlyOnce::Rebase(const ProgressFacts& facts) {

@@ -158,7 +158,9 @@ class Prose(unittest.TestCase):
         # The crash test's fault switch and the CMake option that compiles it in
         # (architecture.md); the PostgreSQL major and server programs of scripts/services
         # (README.md, postgresql.md).
-        allowed = {"OUTBOX_TEST_FAULT", "OUTBOX_FAILPOINTS", "OUTBOX_PG_VERSION", "OUTBOX_PG_BIN"}
+        # The CMake settings of the version and the commit (upgrading.md).
+        allowed = {"OUTBOX_TEST_FAULT", "OUTBOX_FAILPOINTS", "OUTBOX_PG_VERSION", "OUTBOX_PG_BIN",
+                   "OUTBOX_PRERELEASE", "OUTBOX_GIT_COMMIT"}
         for path in markdown_files():
             for lineno, line in enumerate(read(path).splitlines(), 1):
                 for name in re.findall(r"\b(OUTBOX_[A-Z0-9_]+)\b", line):

@@ -371,6 +371,9 @@ TEST(Image, ShipsWithoutTheTestFaults) {
   EXPECT_NE(version.output.find("\nfailpoints: none (a production build)\n"), std::string::npos)
       << version.output;
   EXPECT_EQ(version.output.find("compiled in"), std::string::npos) << version.output;
+  // The commit it was built from: the build context has no .git, scripts/image passes it.
+  EXPECT_NE(version.output.find("\ncommit: "), std::string::npos) << version.output;
+  EXPECT_EQ(version.output.find("\ncommit: unknown\n"), std::string::npos) << version.output;
   const size_t at = version.output.find("\nlibrdkafka: ");
   ASSERT_NE(at, std::string::npos) << version.output;
   int major = 0, minor = 0;

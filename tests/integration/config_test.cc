@@ -125,6 +125,15 @@ TEST_F(Config, HelpAndVersionExitZero) {
     EXPECT_EQ(code, std::optional<int>(0)) << relay.LogTail(10);
     if (args[0] == "version") {
       EXPECT_NE(log.find("outbox-relay "), std::string::npos) << log;
+      // The commit it was built from: git's HEAD of the checkout the tests were built in
+      // ("-dirty" with uncommitted changes), "unknown" for a build outside git.
+      auto commit = log.find("\ncommit: ");
+      ASSERT_NE(commit, std::string::npos) << log;
+      std::string named = log.substr(commit + 9, log.find('\n', commit + 1) - commit - 9);
+      EXPECT_TRUE(named == "unknown" ||
+                  (named.size() >= 40 && named.find_first_not_of("0123456789abcdef") >= 40 &&
+                   (named.size() == 40 || named.substr(40) == "-dirty")))
+          << named;
       // The libraries it runs with: the librdkafka scripts/librdkafka builds (2.12 or
       // newer: SCRAM against Kafka 4), libpq.
       const size_t at = log.find("\nlibrdkafka: ");

@@ -29,7 +29,7 @@ TEST_F(LeastPrivilege, RelayRoleWithoutCreateRightsStreamsAndMarks) {
   const std::string table = "public." + QuoteIdent(name_);
   role_ = name_ + "_role";
   const std::string role = QuoteIdent(role_);
-  db_->Exec(std::string(outbox_relay::pg::kRelaySchemaDdl));
+  db_->Exec(outbox_relay::pg::RelaySchemaDdl());
   db_->Exec(fmt::format(
       "CREATE PUBLICATION {pub} FOR TABLE {table} WITH (publish = 'insert');"
       "CREATE ROLE {role} LOGIN REPLICATION;"

@@ -18,7 +18,7 @@ class OpsCleanup : public RelayTest {
   void SetUp() override {
     ASSERT_NO_FATAL_FAILURE(RelayTest::SetUp());
     CreateTables();
-    db_->Exec(outbox_relay::pg::kRelaySchemaDdl);
+    db_->Exec(outbox_relay::pg::RelaySchemaDdl());
   }
 
   // `n` rows named "<prefix>-<i>", created `age` ago, in one transaction;

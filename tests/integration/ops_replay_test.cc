@@ -217,7 +217,7 @@ TEST_F(OpsReplay, ReplaysAnLsnRangeInCommitOrderWithReplayHeaders) {
 
 TEST_F(OpsReplay, EmptyRangeAndBadSettings) {
   CreateTables();
-  db_->Exec(outbox_relay::pg::kRelaySchemaDdl);
+  db_->Exec(outbox_relay::pg::RelaySchemaDdl());
 
   CommandResult empty = RunRelayCommand(ReplayArgs({"--from-lsn", "FFFFFFFF/0"}), Env());
   EXPECT_EQ(empty.exit_code, 0) << empty.Describe();

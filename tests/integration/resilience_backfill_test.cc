@@ -305,7 +305,7 @@ TEST_F(ResilienceBackfill, KillNineMidBackfillResumesFromTheStoredSnapshot) {
 
 TEST_F(ResilienceBackfill, KillNineBeforeTheSnapshotIsStoredLosesNothing) {
   CreateTables();
-  db_->Exec(outbox_relay::pg::kRelaySchemaDdl);
+  db_->Exec(outbox_relay::pg::RelaySchemaDdl());
   Ledger ledger;
   {
     std::mt19937_64 rng(9);

@@ -67,7 +67,7 @@ void RelayProcess::Start() {
   if (fd < 0) throw std::runtime_error("open " + log_path_ + ": " + std::strerror(errno));
   struct stat st {};
   ::fstat(fd, &st);
-  std::string cmdline = RelayBinary();
+  std::string cmdline = binary_;
   for (const auto& a : args_) cmdline += " '" + a + "'";
   std::string banner = fmt::format("\n==== [test] starting relay: {}\n", cmdline);
   (void)!::write(fd, banner.data(), banner.size());
@@ -75,7 +75,7 @@ void RelayProcess::Start() {
 
   // Build argv and envp before fork: only async-signal-safe calls in the child.
   std::vector<std::string> argv_s;
-  argv_s.push_back(RelayBinary());
+  argv_s.push_back(binary_);
   argv_s.insert(argv_s.end(), args_.begin(), args_.end());
   std::vector<char*> argv;
   for (auto& s : argv_s) argv.push_back(s.data());

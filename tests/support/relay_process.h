@@ -28,6 +28,10 @@ class RelayProcess {
   RelayProcess(const RelayProcess&) = delete;
   RelayProcess& operator=(const RelayProcess&) = delete;
 
+  // Another relay executable than RelayBinary() (the previous release, in the upgrade tests).
+  void set_binary(std::string path) { binary_ = std::move(path); }
+  const std::string& binary() const { return binary_; }
+
   void Start();  // throws if fork/exec fails
   bool Running();
   pid_t pid() const { return pid_; }
@@ -53,6 +57,7 @@ class RelayProcess {
   bool Reap(bool block);
 
   std::vector<std::string> args_;
+  std::string binary_ = RelayBinary();
   std::map<std::string, std::optional<std::string>> env_;
   std::string log_path_;
   long log_start_ = 0;

@@ -38,8 +38,8 @@ struct ProgressLogOptions {
   // producer-only ones are left out.
   ProducerOptions connection;
   std::string topic;
-  // Read when `topic` holds no record under the key ("": none): where an older
-  // relay kept its progress.
+  // Where relays before 0.2 kept their progress ("": none): read when `topic`
+  // holds no record under the key, and by ReadShared.
   std::string legacy_topic;
   int replication_factor = -1;  // when the relay creates the topic (-1: the broker's default)
   std::chrono::milliseconds timeout{30000};    // each request to the brokers
@@ -56,6 +56,7 @@ class KafkaProgressLog final : public ProgressLog {
   // record expires, and rows Kafka has would be produced again).
   Status Prepare() override;
   Result<std::optional<std::string>> ReadLast(const std::string& key) override;
+  Result<std::optional<std::string>> ReadShared(const std::string& key) override;
   const std::string& topic() const override { return options_.topic; }
 
   // For `check`: the topic's settings and who writes it.
@@ -69,8 +70,10 @@ class KafkaProgressLog final : public ProgressLog {
 
  private:
   explicit KafkaProgressLog(ProgressLogOptions options);
+  // `wait`: for another producer's open transaction below the end (else
+  // only what is stable is read).
   Result<std::optional<std::string>> ReadFrom(const std::string& topic, const std::string& key,
-                                              bool* found);
+                                              bool* found, bool wait = true);
   ProgressLogOptions options_;
   struct Clients;
   std::unique_ptr<Clients> clients_;

@@ -106,6 +106,16 @@ class ProgressLog {
   // one: when another producer's open transaction could hide a newer one,
   // kTransient (after waiting for it, within a bound), naming the topic.
   virtual Result<std::optional<std::string>> ReadLast(const std::string& key) = 0;
+  // The value under `key` in the topic every relay shared before each had
+  // its own (0.1.0's outbox-relay.progress), when this log reads one: after a
+  // rollback to such a release and forward again, it can be newer than
+  // ReadLast's. Read up to what is stable there, without waiting: a record
+  // only ever adds to what the relay's own proves (ExactlyOnce::Start takes
+  // the furthest), so an older one costs duplicates at worst. nullopt: none.
+  virtual Result<std::optional<std::string>> ReadShared(const std::string& key) {
+    (void)key;
+    return std::optional<std::string>();
+  }
   virtual const std::string& topic() const = 0;
 };
 

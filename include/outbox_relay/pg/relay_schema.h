@@ -5,6 +5,7 @@
 //   state    — key/value state per slot (the stored backfill snapshot).
 #pragma once
 
+#include <iterator>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -14,8 +15,31 @@
 
 namespace outbox_relay::pg {
 
-inline constexpr const char* kRelaySchemaDdl = R"sql(
-CREATE SCHEMA IF NOT EXISTS outbox_relay;
+// The relay schema's version: the layout of these tables and what their rows
+// mean (the state keys below, the commit index's rows). Recorded in
+//   schema_version — one row per version applied: version, readable_by (the
+//                    oldest schema version a relay may know and still run
+//                    against this one), when and by whom.
+// A relay runs against the newest recorded version V if it knows V, or if V's
+// readable_by is at most the version it knows (V declares itself compatible);
+// otherwise it refuses to start naming both (kInvalidArgument: exit 2),
+// before it touches the slot. An older version is migrated forward at start
+// (RelaySchemaDdl), under the advisory lock every release took, in one
+// transaction. Each step is idempotent and, while the relay of the release
+// before may still run beside it (a rolling upgrade, a rollback), additive;
+// a destructive change comes a release later, with readable_by raised
+// (docs/upgrading.md). Version 1 is the layout 0.1.0 created, which had no
+// version table: tables without one are version 1.
+inline constexpr int kRelaySchemaVersion = 1;
+
+// The forward steps: step i makes version i + 1.
+struct RelaySchemaStep {
+  int readable_by;       // the oldest schema version that can run against the result
+  std::string_view ddl;  // idempotent
+};
+inline constexpr RelaySchemaStep kRelaySchemaSteps[] = {
+    // 1: the commit index and the state table, as 0.1.0 created them.
+    {1, R"sql(
 CREATE TABLE IF NOT EXISTS outbox_relay.commits (
     slot_name       TEXT        NOT NULL,
     commit_lsn      PG_LSN      NOT NULL,
@@ -34,7 +58,28 @@ CREATE TABLE IF NOT EXISTS outbox_relay.state (
     updated_at TIMESTAMPTZ NOT NULL DEFAULT NOW(),
     PRIMARY KEY (slot_name, key)
 );
-)sql";
+)sql"},
+};
+static_assert(std::size(kRelaySchemaSteps) == kRelaySchemaVersion);
+
+// The SQL that brings a schema of version `from` (0: none) to
+// kRelaySchemaVersion and records it: what a relay runs at start, and what it
+// prints for an administrator when its role may not. RelaySchemaDdl() is the
+// whole schema of a new database.
+std::string RelaySchemaDdl(int from = 0);
+
+// The newest version recorded in a database.
+struct RelaySchemaFound {
+  int version = 0;        // 0: no relay schema
+  bool recorded = false;  // false: tables without schema_version (0.1.0's), or none
+  int readable_by = 0;    // of `version`, when recorded
+  std::string applied;    // "at <time> by <role>", when recorded
+};
+Result<RelaySchemaFound> ReadRelaySchema(Connection& conn);
+
+// Whether a relay that knows schema version `known` may run against `found`:
+// kInvalidArgument naming both versions when it may not.
+Status CheckRelaySchema(const RelaySchemaFound& found, int known = kRelaySchemaVersion);
 
 // Keys of outbox_relay.state.
 inline constexpr const char* kStateSlotCreated = "slot_created";  // LSN the slot was created at
@@ -53,8 +98,11 @@ inline constexpr const char* kStateSlotCreating = "slot_creating";
 // returned unchanged.
 std::string PortableSnapshot(std::string_view snapshot);
 
-// Creates the schema and tables when missing (idempotent). Without the
-// privilege: kPermission with the SQL to run.
+// Checks the recorded version (CheckRelaySchema) and creates or migrates the
+// schema when it is older than this relay's (idempotent; no statement at all
+// when it is current). Without the privilege: kPermission with the SQL to
+// run, unless only the record is missing on a layout that is current (0.1.0's
+// tables): then a warning with that SQL, and the relay runs.
 Status EnsureRelaySchema(Connection& conn);
 
 // outbox_relay.state: one value per (slot, key); nullopt when absent.

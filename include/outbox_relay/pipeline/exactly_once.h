@@ -155,6 +155,9 @@ class ExactlyOnce {
   };
   // Trusts `value` (the newest record, or none) for `facts`.
   Status Trust(const std::optional<std::string>& value, const ProgressFacts& facts);
+  // The record under the key in the topic relays before 0.2 shared, when it
+  // holds more than `own` (the log's ReadShared); nullopt otherwise.
+  std::optional<std::string> NewerSharedRecord(const std::string& own, const ProgressFacts& facts);
   Status Join(tracking::Transaction* tx);
   Status StartCommit();
   void StartAbort(std::string reason);

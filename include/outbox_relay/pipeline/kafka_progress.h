@@ -137,6 +137,15 @@ struct KafkaProgress {
     if (final_lsn_of_row > final_lsn) return false;
     return complete || row < rows;
   }
+  // Whether this position lies further in the stream than `o`'s (a later
+  // transaction, or more rows of the same one). Of two trusted records of one
+  // relay each holds what Kafka held when it was written: the further one
+  // holds more.
+  bool Beyond(const KafkaProgress& o) const {
+    if (final_lsn != o.final_lsn) return final_lsn > o.final_lsn;
+    if (complete != o.complete) return complete;
+    return !complete && rows > o.rows;
+  }
   // Whether the backfilled row (transaction_id, offset) of `snapshot` is
   // held: behind this backfill's cursor, or among the unmarked rows.
   bool HoldsBackfilled(std::string_view snapshot, uint64_t transaction_id, int64_t offset) const {
@@ -199,8 +208,10 @@ std::string DefaultTransactionalId(std::string_view system_id, std::string_view 
 // characters Kafka does not allow in a topic name as '_'), so that no other
 // relay's open transaction can hide its newest record.
 std::string DefaultProgressTopic(std::string_view transactional_id);
-// The progress topic every relay shared before format 2 (read once, when a
-// relay's own topic has no record yet).
+// The progress topic every relay shared before format 2 (0.1.0): read when a
+// relay's own topic has no record yet, and at every start for a record there
+// that holds more than its own (after a rollback to 0.1.0 and forward again;
+// kafka::ProgressLog::ReadShared), as long as the relay's topic is its default.
 inline constexpr const char* kLegacyProgressTopic = "outbox-relay.progress";
 
 }  // namespace outbox_relay::pipeline

@@ -5,6 +5,7 @@
 // 2.6.1, a producer that re-bootstraps after losing its brokers 2.10/2.11,
 // and the users' SASL and compression settings need the features below. A
 // build against another library fails here, with what it lacks.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <libpq-fe.h>
 #include <librdkafka/rdkafka.h>
@@ -13,6 +14,8 @@
 
 #include "outbox_relay/app/commands.h"
 #include "outbox_relay/core/failpoint.h"
+#include "outbox_relay/pg/relay_schema.h"
+#include "outbox_relay/pipeline/kafka_progress.h"
 
 namespace outbox_relay::app {
 namespace {
@@ -40,8 +43,19 @@ TEST(Librdkafka, IsTwoTwelveOrNewerWithEveryFeatureUsersConfigure) {
 }
 
 TEST(Version, NamesTheRelayAndTheLibrariesItRunsWith) {
-  const std::string text = VersionReport("9.8.7");
-  EXPECT_TRUE(text.starts_with("outbox-relay 9.8.7\n")) << text;
+  const std::string text = VersionReport("9.8.7", "0123abc-dirty");
+  EXPECT_TRUE(text.starts_with("outbox-relay 9.8.7\ncommit: 0123abc-dirty\n")) << text;
+  // What it persists, and which newer versions it still runs against (docs/upgrading.md).
+  EXPECT_NE(text.find(fmt::format("\nrelay schema: {} (runs against newer schemas that declare "
+                                  "themselves readable by {})\n",
+                                  pg::kRelaySchemaVersion, pg::kRelaySchemaVersion)),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find(fmt::format("\nexactly-once progress record: format {} (reads records "
+                                  "readable by format {} or older)\n",
+                                  pipeline::kProgressFormat, pipeline::kProgressFormat)),
+            std::string::npos)
+      << text;
   EXPECT_NE(text.find(std::string("\nlibrdkafka: ") + rd_kafka_version_str() + " ("),
             std::string::npos)
       << text;

@@ -5,6 +5,7 @@
 // a prefix of the durable steps leaves (fake_kafka.h's Journal), on which the
 // next process starts. After every cut, whatever follows: every row in Kafka
 // once, as a read_committed consumer sees it.
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -311,6 +312,39 @@ TEST(ExactlyOnce, ARecordOnlyANewerRelayCanReadIsRefusedAtStart) {
   ASSERT_FALSE(st);
   EXPECT_EQ(st.error().code, ErrorCode::kInvalidArgument);
   EXPECT_NE(st.error().message.find("newer relay"), std::string::npos) << st.error().message;
+}
+
+// Issue 40: relays before 0.2 kept every relay's record in one shared topic
+// (outbox-relay.progress). After a rollback to one and forward again, the
+// relay's own topic holds the record it wrote before the rollback, the shared
+// one what 0.1.0 published since: the record that holds more is trusted,
+// whichever topic it is in.
+TEST(ExactlyOnce, AfterARollbackAndForwardAgainTheRecordThatHoldsMoreIsTrusted) {
+  FakeWalSender wal = FakeWalSender::Recorded();
+  const std::vector<std::string> uuids = RecordedUuids(wal);
+  const Lsn before_rollback = wal.transactions()[4].end_lsn;
+  auto format1 = [](Lsn lsn) {
+    return fmt::format(R"({{"v":1,"key":"{}","lsn":"{}","rows":0,"complete":true}})", kKey, lsn);
+  };
+  {
+    FakeKafka kafka("relay.progress");
+    kafka.set_key(kKey);
+    RunProcess(&kafka, wal, Lsn(1), 3);  // this release, then 0.1.0: everything in Kafka
+    ASSERT_EQ(kafka.committed().size(), uuids.size());
+    kafka.PutProgress(kKey, format1(before_rollback));  // this release's, before the rollback
+    kafka.PutShared(kKey, format1(LastEnd(wal)));       // 0.1.0's, at the end
+    // 0.1.0 stopped (a crash) before the slot was confirmed past the rollback.
+    RunProcess(&kafka, wal, before_rollback, 3);
+    ExpectEachOnce(kafka.committed(), uuids, "the shared topic's record further");
+  }
+  {
+    FakeKafka kafka("relay.progress");
+    kafka.set_key(kKey);
+    RunProcess(&kafka, wal, Lsn(1), 3);               // this release's own record at the end
+    kafka.PutShared(kKey, format1(before_rollback));  // 0.1.0's, from before the upgrade
+    RunProcess(&kafka, wal, before_rollback, 3);
+    ExpectEachOnce(kafka.committed(), uuids, "the relay's own record further");
+  }
 }
 
 // A Kafka transaction whose commit fails is aborted with everything after

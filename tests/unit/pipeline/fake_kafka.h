@@ -131,6 +131,17 @@ class FakeKafka {
     std::lock_guard lock(mu_);
     progress_[key] = std::move(value);
   }
+  // A record in the topic relays before 0.2 shared (outbox-relay.progress).
+  void PutShared(const std::string& key, std::string value) {
+    std::lock_guard lock(mu_);
+    shared_[key] = std::move(value);
+  }
+  std::optional<std::string> shared(const std::string& key) const {
+    std::lock_guard lock(mu_);
+    auto it = shared_.find(key);
+    if (it == shared_.end()) return std::nullopt;
+    return it->second;
+  }
   int Fence() {
     std::lock_guard lock(mu_);
     return ++epoch_;
@@ -168,6 +179,7 @@ class FakeKafka {
   std::string key_ = "relay";
   std::vector<Produced> committed_;
   std::map<std::string, std::string> progress_;
+  std::map<std::string, std::string> shared_;
   int epoch_ = 0;
   int commits_ = 0;
 };
@@ -332,6 +344,9 @@ class FakeProgressLog final : public kafka::ProgressLog {
   Status Prepare() override { return Ok(); }
   Result<std::optional<std::string>> ReadLast(const std::string& key) override {
     return kafka_->progress(key);
+  }
+  Result<std::optional<std::string>> ReadShared(const std::string& key) override {
+    return kafka_->shared(key);
   }
   const std::string& topic() const override { return topic_; }
 

@@ -238,6 +238,22 @@ TEST(KafkaProgressTopic, EachRelayHasItsOwnProgressTopicWithLegalCharacters) {
   EXPECT_LE(DefaultProgressTopic(std::string(400, 'x')).size(), 249u);
 }
 
+TEST(KafkaProgressHolds, APositionIsBeyondAnotherByTransactionThenByRows) {
+  KafkaProgress none;
+  KafkaProgress early{Lsn(0x100), 0, true, {}, {}};
+  KafkaProgress partial{Lsn(0x200), 3, false, {}, {}};
+  KafkaProgress more{Lsn(0x200), 5, false, {}, {}};
+  KafkaProgress whole{Lsn(0x200), 0, true, {}, {}};
+  EXPECT_TRUE(early.Beyond(none));
+  EXPECT_FALSE(none.Beyond(early));
+  EXPECT_TRUE(partial.Beyond(early));
+  EXPECT_TRUE(more.Beyond(partial));
+  EXPECT_FALSE(partial.Beyond(more));
+  EXPECT_TRUE(whole.Beyond(more));
+  EXPECT_FALSE(more.Beyond(whole));
+  EXPECT_FALSE(whole.Beyond(whole));
+}
+
 TEST(KafkaProgressHolds, TransactionsBeforeTheProgressAreHeldAfterItNot) {
   KafkaProgress p;
   EXPECT_FALSE(p.Holds(L(100), 0)) << "nothing committed yet holds nothing";
