@@ -44,9 +44,10 @@
 // as "gone with the failover", neither lost nor phantom (nor are rows whose
 // COMMIT got no answer and that the final table does not have). Lost = rows
 // in the final table missing from Kafka; phantom = records no committed row
-// explains; order violations per aggregate; duplicates (exactly-once: must be
-// 0; at-least-once: reported). Every row of the final table must end marked
-// (offset_acked), and every relay exits 0 on the final SIGTERM. The foreign
+// explains; order violations per aggregate; duplicates of the final table's
+// rows (exactly-once: must be 0; at-least-once: reported), and extra copies
+// of gone rows (reported only: those rows are outside every guarantee). Every row of the final
+// table must end marked (offset_acked), and every relay exits 0 on the final SIGTERM. The foreign
 // relay's delivery is checked the same way.
 //
 // Each mode prints its seed, faults by kind, rows, lost, phantom, gone with
@@ -753,6 +754,7 @@ struct CampaignDelivery {
   size_t in_doubt_gone = 0;   // COMMIT without an answer, not in the final table
   size_t gone_published = 0;  // of both: in Kafka (published before the failover)
   size_t duplicates = 0;      // report.duplicates plus extra copies of gone rows
+  size_t gone_copies = 0;     // of those, the extra copies of gone rows
   size_t dlq = 0;             // dead letters (none expected)
   std::vector<std::string> lost_uuids;
   // Lost rows whose transaction id a row gone with the failover had too: a
@@ -884,6 +886,7 @@ class DeliverySets {
       Sample(what);
     }
     out_.duplicates = out_.report.duplicates + extra;
+    out_.gone_copies = extra;
     return std::move(out_);
   }
 
@@ -1161,9 +1164,10 @@ void FaultCampaign::Run(bool exactly_once) {
       ledger.aborted_transactions(), load_->failures());
   fmt::print(
       "lost {}, phantom {}, gone with the failover {} (+{} COMMITs without an answer not in the "
-      "table; {} of these rows were published before it), order violations {}, duplicates {}\n",
+      "table; {} of these rows were published before it), order violations {}, duplicates {} "
+      "(of rows of the table {}, extra copies of gone rows {})\n",
       d.report.lost, d.report.phantom, d.gone, d.in_doubt_gone, d.gone_published,
-      d.report.order_violations, d.duplicates);
+      d.report.order_violations, d.duplicates, d.report.duplicates, d.gone_copies);
   if (!d.lost_uuids.empty()) {
     fmt::print("lost rows, by when they were written (s into the faults):{}\n",
                Describe(WhenWritten(*db_, name_, d.lost_uuids, phase_wall)));
@@ -1224,7 +1228,12 @@ void FaultCampaign::Run(bool exactly_once) {
   EXPECT_EQ(fd.report.order_violations, 0u) << "foreign relay, seed " << seed << "\n"
                                             << fd.report.Samples();
   if (exactly_once) {
-    EXPECT_EQ(d.duplicates, 0u) << "exactly-once, seed " << seed << "\n" << d.report.Samples();
+    // Over the rows the database has. A row gone with an asynchronous
+    // promotion is already outside every guarantee (its records are phantoms
+    // the failover made); a second copy of one is printed, not held against
+    // exactly-once (DESIGN.md, guarantee 8: past the fork, produce again).
+    EXPECT_EQ(d.report.duplicates, 0u) << "exactly-once, seed " << seed << "\n"
+                                       << d.report.Samples();
     EXPECT_EQ(fd.duplicates, 0u) << "exactly-once, foreign relay, seed " << seed;
   }
 }
