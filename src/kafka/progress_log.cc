@@ -187,13 +187,17 @@ KafkaProgressLog::~KafkaProgressLog() = default;
 
 Result<std::unique_ptr<KafkaProgressLog>> KafkaProgressLog::Create(ProgressLogOptions options) {
   std::unique_ptr<KafkaProgressLog> log(new KafkaProgressLog(std::move(options)));
-  auto committed = MakeConsumer(log->options_.connection, true);
-  if (!committed) return std::unexpected(committed.error());
-  auto uncommitted = MakeConsumer(log->options_.connection, false);
-  if (!uncommitted) return std::unexpected(uncommitted.error());
-  log->clients_ =
-      std::make_unique<Clients>(Clients{std::move(*committed), std::move(*uncommitted)});
+  if (auto st = log->Renew(); !st) return std::unexpected(st.error());
   return log;
+}
+
+Status KafkaProgressLog::Renew() {
+  auto committed = MakeConsumer(options_.connection, true);
+  if (!committed) return std::unexpected(committed.error());
+  auto uncommitted = MakeConsumer(options_.connection, false);
+  if (!uncommitted) return std::unexpected(uncommitted.error());
+  clients_ = std::make_unique<Clients>(Clients{std::move(*committed), std::move(*uncommitted)});
+  return Ok();
 }
 
 Status KafkaProgressLog::Prepare() {
@@ -266,7 +270,11 @@ Result<std::optional<std::string>> KafkaProgressLog::ReadFrom(const std::string&
     bool said = false;
     while (true) {
       auto q = QueryOffsets(committed, uncommitted, topic, p, options_.timeout);
-      if (!q) return std::unexpected(q.error());
+      if (!q) {
+        // The next attempt asks with fresh clients (see Renew).
+        if (auto renewed = Renew(); !renewed) spdlog::warn("{}", renewed.error().message);
+        return std::unexpected(q.error());
+      }
       o = *q;
       if (o.stable >= o.high || !wait) break;
       if (Clock::now() >= deadline) {

@@ -74,6 +74,10 @@ class KafkaProgressLog final : public ProgressLog {
   // only what is stable is read).
   Result<std::optional<std::string>> ReadFrom(const std::string& topic, const std::string& key,
                                               bool* found, bool wait = true);
+  // New consumer clients: a client that learnt of the topic before it had
+  // its partition (another instance created it meanwhile) kept answering
+  // "Unknown partition" from its cached metadata for minutes.
+  Status Renew();
   ProgressLogOptions options_;
   struct Clients;
   std::unique_ptr<Clients> clients_;
