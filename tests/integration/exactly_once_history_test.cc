@@ -46,19 +46,6 @@ class ExactlyOnceHistory : public RelayTest {
     EXPECT_EQ(r.duplicates, 0u) << r.Samples();
     return r;
   }
-  // Polls `probe` until it is true or `timeout` passes (a server restarting: ask again).
-  template <typename Probe>
-  static bool WaitFor(Probe probe, milliseconds timeout) {
-    auto until = std::chrono::steady_clock::now() + timeout;
-    while (true) {
-      try {
-        if (probe()) return true;
-      } catch (const std::exception&) {
-      }
-      if (std::chrono::steady_clock::now() >= until) return false;
-      std::this_thread::sleep_for(milliseconds(100));
-    }
-  }
 };
 
 // #1. The relay publishes up to 0/X on timeline 1; the asynchronous standby

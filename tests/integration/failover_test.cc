@@ -41,21 +41,6 @@ size_t Count(const std::string& text, const std::string& needle) {
   return n;
 }
 
-// Polls `probe` every 100 ms until it returns true or `timeout` passes.
-template <typename Probe>
-bool WaitFor(Probe probe, std::chrono::milliseconds timeout) {
-  auto until = std::chrono::steady_clock::now() + timeout;
-  while (true) {
-    try {
-      if (probe()) return true;
-    } catch (const std::exception&) {
-      // the server is restarting or promoting: ask again
-    }
-    if (std::chrono::steady_clock::now() >= until) return false;
-    std::this_thread::sleep_for(milliseconds(100));
-  }
-}
-
 class Failover : public RelayTest {};
 
 TEST_F(Failover, PrimaryCrashesUnderLoadAndTheStandbyIsPromoted) {

@@ -169,6 +169,22 @@ class SlotSampler {
 
 // The rows the table holds (what committed, whatever the writers heard back),
 // as CheckDelivery needs them: uuid, aggregate, per-aggregate seq, xid.
+// Polls `probe` every 100 ms until it returns true or `timeout` passes; an
+// exception counts as "not yet" (a server restarting or promoting: ask again).
+template <typename Probe>
+bool WaitFor(Probe probe, std::chrono::milliseconds timeout) {
+  auto until = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    try {
+      if (probe()) return true;
+    } catch (const std::exception&) {
+      // ask again
+    }
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
 inline std::vector<WrittenRow> RowsFromTable(Pg& db, const std::string& table) {
   std::vector<WrittenRow> out;
   for (const Row& r :
