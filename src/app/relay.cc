@@ -624,6 +624,16 @@ Status Relay::Stream(std::optional<pipeline::StreamSession>* session,
   auto stream = pg::ReplicationStream::Start(std::move(*conn), config_.slot, config_.publication,
                                              tracker_->confirmed());
   if (!stream) return std::unexpected(stream.error());
+  // The slot is ours now, but its setup may not be: another instance that
+  // recreated it (after a loss or a promotion) runs its backfill without
+  // streaming it. Streaming beside that backfill would publish the newer rows
+  // first. Such a slot is set up first (Run waits for that instance, or
+  // resumes the backfill if it died); checked before anyone is fenced.
+  if (auto st = slot_setup_->EnsureFinished(); !st) {
+    spdlog::info("{}: not streaming it, waiting for its setup", st.error().message);
+    need_slot_setup_ = true;
+    return st;
+  }
   last_walsender_pid_ = stream->backend_pid();
   if (stats_.standby.exchange(false)) spdlog::info("slot {} is free: taking over", config_.slot);
   // The slot is ours: only now may this instance fence the previous holder

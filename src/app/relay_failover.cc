@@ -84,6 +84,10 @@ Status Relay::FollowPromotion(const pg::SystemIdentity& identity, pg::Connection
   if (marker_) marker_->ExpectTimeline(timeline_);
   if (!slot->exists) {
     // START_REPLICATION reports it as lost; --on-slot-lost decides (SlotSetup).
+    // Should another instance create it first, the stream starts where that
+    // slot says: a position of the old timeline means nothing here (rows this
+    // server wrote below it would be skipped).
+    (void)tracker_->ResetConfirmed(kInvalidLsn);
     spdlog::error("slot {} does not exist on the promoted server: {}", config_.slot,
                   "it was not a failover slot synced to this standby (--failover-slot, "
                   "sync_replication_slots)");

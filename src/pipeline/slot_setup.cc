@@ -2,8 +2,12 @@
 
 #include <spdlog/spdlog.h>
 
+#include <chrono>
+#include <string>
+#include <thread>
 #include <utility>
 
+#include "outbox_relay/core/failpoint.h"
 #include "outbox_relay/pg/relay_schema.h"
 #include "outbox_relay/pg/replication.h"
 #include "outbox_relay/pg/rows.h"
@@ -44,6 +48,26 @@ Status SlotSetup::EnsureFailover(const pg::SlotInfo& slot) {
 
 void SlotSetup::CountLoss() {
   if (!std::exchange(loss_counted_, true)) stats_->slot_lost.fetch_add(1);
+}
+
+Status SlotSetup::EnsureFinished() {
+  auto conn = pg::Connection::Open(options_.database_url, pg::Connection::Mode::kNormal,
+                                   "outbox-relay", options_.network);
+  if (!conn) return std::unexpected(conn.error());
+  // The creating key is written before the slot is created and deleted once
+  // the snapshot is stored; the snapshot key stays until the backfill ends.
+  // From the slot's creation to the backfill's end one of them is there.
+  for (const char* key : {kCreatingKey, kSnapshotKey}) {
+    auto value = pg::ReadState(*conn, options_.slot, key);
+    if (!value) return std::unexpected(value.error());
+    if (value->has_value()) {
+      return Fail(ErrorCode::kSlotInUse,
+                  "slot {} is being set up ({} is stored: its backfill has not ended); a stream "
+                  "now would publish newer rows before the backfill's older ones",
+                  options_.slot, key);
+    }
+  }
+  return Ok();
 }
 
 Status SlotSetup::Run() {
@@ -202,6 +226,13 @@ Status SlotSetup::Run() {
       if (auto st = options_.before_backfill(); !st) return st;
     }
     publisher_->SetBackfill(**snapshot);
+    if constexpr (failpoint::kCompiledIn) {
+      if (auto secs = failpoint::Active("stall-backfill"); secs && !stalled_backfill_) {
+        stalled_backfill_ = true;
+        spdlog::warn("TEST FAULT stall-backfill: {} s before the backfill's first row", *secs);
+        std::this_thread::sleep_for(std::chrono::seconds(std::stoi(std::string(*secs))));
+      }
+    }
     if (auto st = options_.backfill_rows ? options_.backfill_rows(*conn, **snapshot)
                                          : Backfill(*conn, **snapshot);
         !st) {

@@ -15,6 +15,9 @@
 //   stall-before-init:S  exactly-once: the first stream hangs S seconds after
 //                      START_REPLICATION, before it fences anyone
 //                      (tests/integration/exactly_once_test)
+//   stall-backfill:S   the first backfill hangs S seconds after storing the
+//                      slot's snapshot, before its first row (the setup lock
+//                      held; tests/integration/resilience_slot_test)
 //
 // Compiled in only where the build says so: CMake's OUTBOX_FAILPOINTS (ON for
 // development and test builds, OFF for the shipped image, docker/Dockerfile).

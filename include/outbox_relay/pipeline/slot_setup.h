@@ -76,6 +76,14 @@ class SlotSetup {
   // the backfill resumes from the stored snapshot next time.
   Status Run();
 
+  // Called by a stream once START_REPLICATION has given it the slot (no other
+  // instance can stream it then): Ok if the slot's setup is finished;
+  // kSlotInUse while another instance still sets it up (the slot exists from
+  // CREATE_REPLICATION_SLOT on, but until its backfill ends a stream would
+  // publish newer rows before the backfill's older ones), or an instance died
+  // doing so (Run resumes it). The caller drops the slot and runs Run next.
+  Status EnsureFinished();
+
   // Counts a slot loss in the stats, once per loss (both the stream and the
   // setup see it, and the setup may be retried).
   void CountLoss();
@@ -92,6 +100,7 @@ class SlotSetup {
   RelayStats* const stats_;
   StopSignal* const stop_;
   bool loss_counted_ = false;
+  bool stalled_backfill_ = false;  // the stall-backfill test fault, once
 };
 
 }  // namespace outbox_relay::pipeline
