@@ -6,12 +6,16 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <optional>
+#include <regex>
 #include <thread>
 
 #include "outbox_relay/app/commands.h"
 #include "outbox_relay/app/logging.h"
+#include "outbox_relay/core/progress.h"
 #include "outbox_relay/pg/relay_schema.h"
 #include "outbox_relay/pg/rows.h"
+#include "outbox_relay/pipeline/progress_report.h"
 
 namespace outbox_relay::app {
 
@@ -37,11 +41,29 @@ struct Batches {
 
 // Runs `sql` (a batched DELETE of at most `batch` rows) until a batch comes
 // back short, sleeping between batches; a progress line after each.
+// The planner's estimate of the rows `select_sql` returns (EXPLAIN: nothing
+// is read), the total of a cleanup's progress. nullopt when it cannot tell.
+std::optional<uint64_t> PlannerEstimate(pg::Connection& conn, const std::string& select_sql,
+                                        std::span<const std::optional<std::string>> params) {
+  auto res = conn.ExecParams("EXPLAIN (FORMAT JSON) " + select_sql, params);
+  if (!res) return std::nullopt;
+  auto plan = pg::Rows(res->get()).Text(0, 0);
+  if (!plan) return std::nullopt;
+  static const std::regex kPlanRows(R"re("Plan Rows":\s*([0-9]+))re");
+  std::cmatch m;
+  const std::string text(*plan);
+  if (!std::regex_search(text.c_str(), m, kPlanRows)) return std::nullopt;
+  return std::stoull(m[1].str());
+}
+
 Result<Batches> DeleteInBatches(pg::Connection& conn, const std::string& sql,
                                 std::span<const std::optional<std::string>> params, int64_t batch,
-                                std::chrono::milliseconds sleep, std::string_view what) {
+                                std::chrono::milliseconds sleep, std::string_view what,
+                                std::optional<uint64_t> estimate) {
   Batches out;
   auto started = Clock::now();
+  pipeline::ProgressReport progress(fmt::format("cleanup: {}", what), estimate,
+                                    /*estimated=*/true);
   while (true) {
     auto res = conn.ExecParams(sql, params);
     if (!res) {
@@ -54,12 +76,25 @@ Result<Batches> DeleteInBatches(pg::Connection& conn, const std::string& sql,
     if (!n) return std::unexpected(n.error());
     out.rows += *n;
     ++out.batches;
-    double secs = SecondsSince(started);
-    spdlog::info("cleanup: {}: batch {} deleted {} rows; {} rows so far, {:.0f} rows/s", what,
-                 out.batches, *n, out.rows, secs > 0 ? static_cast<double>(out.rows) / secs : 0.0);
+    if (progress.terminal()) {
+      progress.Update(static_cast<uint64_t>(out.rows));
+    } else {
+      const double secs = SecondsSince(started);
+      const double rate = secs > 0 ? static_cast<double>(out.rows) / secs : 0.0;
+      std::string of_estimate;
+      if (estimate && static_cast<uint64_t>(out.rows) < *estimate && rate > 0) {
+        of_estimate = fmt::format(
+            " (of ~{} estimated, {} left)", GroupedDigits(*estimate),
+            DescribeDuration(std::chrono::duration<double>(
+                static_cast<double>(*estimate - static_cast<uint64_t>(out.rows)) / rate)));
+      }
+      spdlog::info("cleanup: {}: batch {} deleted {} rows; {} rows so far, {:.0f} rows/s{}", what,
+                   out.batches, *n, out.rows, rate, of_estimate);
+    }
     if (*n < batch) break;
     if (sleep.count() > 0) std::this_thread::sleep_for(sleep);
   }
+  progress.Finish(static_cast<uint64_t>(out.rows));
   return out;
 }
 
@@ -220,7 +255,10 @@ Status PruneCommitIndex(pg::Connection& conn, const CleanupConfig& c,
           " WHERE commit_time < $1::timestamptz ORDER BY slot_name, commit_lsn LIMIT $2::bigint"
           ") DELETE FROM outbox_relay.commits c USING victims v"
           " WHERE c.slot_name = v.slot_name AND c.commit_lsn = v.commit_lsn",
-          params, c.batch_size, sleep, "outbox_relay.commits");
+          params, c.batch_size, sleep, "outbox_relay.commits",
+          PlannerEstimate(conn,
+                          "SELECT 1 FROM outbox_relay.commits WHERE commit_time < $1::timestamptz",
+                          params.first(1)));
       if (!deleted) return std::unexpected(deleted.error());
       report->commit_rows = deleted->rows;
       report->commit_batches = deleted->batches;
@@ -291,7 +329,12 @@ Result<CleanupReport> RunCleanup(const CleanupConfig& c) {
         fmt::arg("table", table), fmt::arg("acked", acked), fmt::arg("created", created),
         fmt::arg("xid", xid), fmt::arg("off", off));
     auto deleted =
-        DeleteInBatches(*conn, sql, params, c.batch_size, sleep, c.table_name.ToString());
+        DeleteInBatches(*conn, sql, params, c.batch_size, sleep, c.table_name.ToString(),
+                        PlannerEstimate(*conn,
+                                        fmt::format("SELECT 1 FROM {} WHERE {} IS NOT NULL AND "
+                                                    "{} < $1::timestamptz",
+                                                    table, acked, created),
+                                        std::span(params, 1)));
     if (!deleted) return std::unexpected(deleted.error());
     report.outbox_rows = deleted->rows;
     report.outbox_batches = deleted->batches;

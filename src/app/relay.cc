@@ -784,6 +784,7 @@ void Relay::RefreshMetrics() {
   metrics_.last_commit_time().Set(static_cast<double>(stats_.last_commit_unix_micros.load()) / 1e6);
   metrics_.in_flight().Set(static_cast<double>(tracker_->rows_in_flight()));
   metrics_.in_flight_bytes().Set(static_cast<double>(stats_.in_flight_bytes.load()));
+  metrics_.backfill_estimated().Set(static_cast<double>(stats_.backfill_estimated.load()));
   metrics_.slot_confirmed_lsn().Set(static_cast<double>(tracker_->confirmed().value()));
 }
 

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -11,16 +12,19 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "outbox_relay/app/commands.h"
 #include "outbox_relay/app/logging.h"
 #include "outbox_relay/app/signals.h"
+#include "outbox_relay/core/progress.h"
 #include "outbox_relay/kafka/producer.h"
 #include "outbox_relay/outbox/record.h"
 #include "outbox_relay/pg/connection.h"
 #include "outbox_relay/pg/relay_schema.h"
 #include "outbox_relay/pg/rows.h"
+#include "outbox_relay/pipeline/progress_report.h"
 
 namespace outbox_relay::app {
 
@@ -233,12 +237,16 @@ class Replayer {
     }
     started_ = Clock::now();
     last_progress_ = started_;
+    progress_.emplace(c_.dry_run ? "replay (dry run)" : "replay",
+                      static_cast<uint64_t>(std::max<int64_t>(report_->rows_found, 0)),
+                      /*estimated=*/false);
     Status st = ReadAndProduce(range);
     if (!c_.dry_run) {
       Status drained = Drain();
       if (st && !drained) st = drained;
     }
     sink_.reset();  // joins the delivery thread before the state goes
+    progress_->Finish(static_cast<uint64_t>(report_->produced));
     report_->seconds = SecondsSince(started_);
     std::lock_guard lock(state_.mu);
     report_->delivered = state_.delivered;
@@ -424,6 +432,10 @@ class Replayer {
   }
 
   void LogProgress(bool draining) {
+    if (progress_->terminal()) {
+      progress_->Update(static_cast<uint64_t>(report_->produced));
+      return;
+    }
     auto now = Clock::now();
     if (now - last_progress_ < std::chrono::seconds(5)) return;
     last_progress_ = now;
@@ -433,9 +445,12 @@ class Replayer {
       std::lock_guard lock(state_.mu);
       delivered = state_.delivered;
     }
-    spdlog::info("replay: {} {} rows, {} delivered, {:.0f} rows/s; {} commit {}",
-                 c_.dry_run ? "counted" : "published", report_->produced, delivered,
-                 secs > 0 ? static_cast<double>(report_->produced) / secs : 0.0,
+    Progress p;
+    p.done = static_cast<uint64_t>(report_->produced);
+    p.total = static_cast<uint64_t>(std::max<int64_t>(report_->rows_found, 0));
+    p.elapsed = std::chrono::duration<double>(secs);
+    spdlog::info("{}; {} delivered; {} commit {}",
+                 DescribeProgress(c_.dry_run ? "replay (dry run)" : "replay", p), delivered,
                  draining ? "waiting for delivery reports, last" : "at", current_lsn_);
   }
 
@@ -451,6 +466,7 @@ class Replayer {
   bool current_complete_ = false;
   std::optional<Lsn> next_unproduced_;  // stopped before the transaction at this LSN
   Clock::time_point started_;
+  std::optional<pipeline::ProgressReport> progress_;
   Clock::time_point last_progress_;
 };
 

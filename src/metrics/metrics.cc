@@ -88,6 +88,13 @@ Metrics::Metrics(std::string service, size_t label_cap)
                               "acknowledged")
                           .Register(reg)
                           .Add(svc);
+  backfill_estimated_ = &BuildGauge()
+                             .Name("outbox_relay_backfill_rows_estimated")
+                             .Help(
+                                 "Rows the last snapshot backfill set out to publish (counted at "
+                                 "its start; outbox_relay_backfilled_rows_total counts those done)")
+                             .Register(reg)
+                             .Add(svc);
   heartbeat_ = &BuildGauge()
                     .Name("outbox_relay_heartbeat_timestamp_seconds")
                     .Help("Last time the replication loop talked to the server (unix seconds)")

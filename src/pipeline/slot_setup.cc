@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -11,6 +12,7 @@
 #include "outbox_relay/pg/relay_schema.h"
 #include "outbox_relay/pg/replication.h"
 #include "outbox_relay/pg/rows.h"
+#include "outbox_relay/pipeline/progress_report.h"
 
 namespace outbox_relay::pipeline {
 
@@ -267,6 +269,33 @@ Status SlotSetup::Backfill(pg::Connection& conn, const std::string& snapshot) {
                snapshot);
   // Short keyset queries: JIT compilation would cost more than it saves.
   (void)conn.Exec("SET jit = off");
+  // The total, for the progress and outbox_relay_backfill_rows_estimated: the
+  // partial index on unacked rows (check recommends it) makes it cheap. Rows
+  // marked meanwhile by a previous instance's run make it an upper bound.
+  std::optional<uint64_t> total;
+  {
+    std::string count_sql = fmt::format(
+        "SELECT count(*) FROM {table} WHERE {acked} IS NULL "
+        "AND pg_visible_in_snapshot({xid}, $1::pg_snapshot)",
+        fmt::arg("table", options_.table.Quoted()),
+        fmt::arg("acked", pg::QuoteIdent(options_.acked_column)), fmt::arg("xid", xid));
+    std::optional<std::string> count_params[] = {snapshot};
+    Result<int64_t> n = std::unexpected(Error{});
+    if (auto counted = conn.ExecParams(count_sql, count_params); counted) {
+      n = pg::Rows(counted->get()).Int(0, 0);
+    } else {
+      n = std::unexpected(counted.error());
+    }
+    if (n) {
+      total = static_cast<uint64_t>(std::max<int64_t>(*n, 0));
+      stats_->backfill_estimated.store(*total, std::memory_order_relaxed);
+      spdlog::info("backfill: {} unacked rows to publish", *total);
+    } else {
+      spdlog::warn("backfill: counting the rows to publish: {}; going on without a total",
+                   n.error().message);
+    }
+  }
+  ProgressReport progress("backfill", total, /*estimated=*/false);
   pgoutput::TupleData tuple;
   while (!stop_->requested()) {
     stats_->Beat();
@@ -311,6 +340,7 @@ Status SlotSetup::Backfill(pg::Connection& conn, const std::string& snapshot) {
       }
       ++rows;
       stats_->backfilled.fetch_add(1, std::memory_order_relaxed);
+      progress.Update(rows);
     }
     if (tx != nullptr) tracker_->Commit(tx, kInvalidLsn);
     params[1] = std::string(*pg::GetValue(r, n - 1, columns->transaction_id));
@@ -331,6 +361,7 @@ Status SlotSetup::Backfill(pg::Connection& conn, const std::string& snapshot) {
     if (auto st = publisher_->DeadLetterRefused(nullptr); !st) return st;
     spdlog::info("backfill: waiting for {} rows in flight", tracker_->rows_in_flight());
   }
+  progress.Finish(rows);
   auto secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   spdlog::info("backfill: {} rows in {} transactions published in {:.1f} s", rows, transactions,
                secs);

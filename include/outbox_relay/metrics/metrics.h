@@ -78,6 +78,7 @@ class Metrics {
   prometheus::Gauge& slot_active() { return *slot_active_; }
   prometheus::Gauge& in_flight() { return *in_flight_; }
   prometheus::Gauge& in_flight_bytes() { return *in_flight_bytes_; }
+  prometheus::Gauge& backfill_estimated() { return *backfill_estimated_; }
   prometheus::Gauge& heartbeat() { return *heartbeat_; }
   prometheus::Gauge& standby() { return *standby_; }
   prometheus::Gauge& streaming() { return *streaming_; }
@@ -106,7 +107,7 @@ class Metrics {
   prometheus::Counter* dead_lettered_;
   prometheus::Gauge *rows_acked_, *rows_pending_, *rows_unacked_, *lag_seconds_;
   prometheus::Gauge *slot_retained_bytes_, *slot_confirmed_lsn_, *slot_active_, *in_flight_,
-      *in_flight_bytes_;
+      *in_flight_bytes_, *backfill_estimated_;
   prometheus::Gauge *heartbeat_, *standby_, *streaming_, *last_commit_time_;
   prometheus::Counter *transactions_, *reconnects_, *slot_lost_, *backfilled_;
   prometheus::Counter *kafka_txns_committed_, *kafka_txns_aborted_, *skipped_;

@@ -22,9 +22,10 @@ struct RelayStats {
   std::atomic<uint64_t> delivered{0};      // records acknowledged
   std::atomic<uint64_t> dead_lettered{0};  // rows sent to the dead-letter topic
   std::atomic<uint64_t> reconnects{0};
-  std::atomic<uint64_t> slot_lost{0};         // slots found missing/invalidated and recreated
-  std::atomic<uint64_t> backfilled{0};        // rows published from a snapshot backfill
-  std::atomic<uint64_t> already_in_kafka{0};  // exactly-once: re-sent rows not produced again
+  std::atomic<uint64_t> slot_lost{0};           // slots found missing/invalidated and recreated
+  std::atomic<uint64_t> backfilled{0};          // rows published from a snapshot backfill
+  std::atomic<uint64_t> backfill_estimated{0};  // rows the last backfill set out to publish
+  std::atomic<uint64_t> already_in_kafka{0};    // exactly-once: re-sent rows not produced again
   // Watermill tables: streamed rows skipped because the consumer group had
   // processed them (the polling forwarder published them) when the stream started.
   std::atomic<uint64_t> already_processed{0};

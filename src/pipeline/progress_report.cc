@@ -1,0 +1,70 @@
+#include "outbox_relay/pipeline/progress_report.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <utility>
+
+namespace outbox_relay::pipeline {
+
+namespace {
+
+constexpr std::chrono::milliseconds kTerminalEvery{250};
+constexpr std::chrono::seconds kLogEvery{10};
+
+bool StderrIsTerminal() { return isatty(STDERR_FILENO) == 1; }
+
+}  // namespace
+
+ProgressReport::ProgressReport(std::string what, std::optional<uint64_t> total, bool estimated,
+                               Output output, const Clock& clock)
+    : what_(std::move(what)),
+      total_(total),
+      estimated_(estimated),
+      clock_(clock),
+      terminal_(output == Output::kTerminal || (output == Output::kAuto && StderrIsTerminal())),
+      started_(clock.Now()),
+      last_shown_(started_) {}
+
+ProgressReport::~ProgressReport() {
+  // A line left open on the terminal is ended, so the next output starts on its own.
+  if (shown_on_terminal_ && !finished_) std::fputs("\n", stderr);
+}
+
+void ProgressReport::Update(uint64_t done) {
+  const auto every = terminal_
+                         ? std::chrono::duration_cast<std::chrono::milliseconds>(kTerminalEvery)
+                         : std::chrono::duration_cast<std::chrono::milliseconds>(kLogEvery);
+  if (clock_.Now() - last_shown_ < every) return;
+  Show(done, false);
+}
+
+void ProgressReport::Finish(uint64_t done) {
+  if (finished_) return;
+  finished_ = true;
+  // In the log a short run says nothing here: its caller logs the summary.
+  if (terminal_ || logged_) Show(done, true);
+}
+
+void ProgressReport::Show(uint64_t done, bool last) {
+  const auto now = clock_.Now();
+  last_shown_ = now;
+  Progress p;
+  p.done = done;
+  p.total = total_;
+  p.estimated = estimated_;
+  p.elapsed = std::chrono::duration<double>(now - started_);
+  std::string line = DescribeProgress(what_, p);
+  if (terminal_) {
+    // Carriage return and erase to the end of the line: redrawn in place.
+    std::fprintf(stderr, "\r%s\x1b[K%s", line.c_str(), last ? "\n" : "");
+    std::fflush(stderr);
+    shown_on_terminal_ = !last;
+  } else {
+    spdlog::info("{}", line);
+    logged_ = true;
+  }
+}
+
+}  // namespace outbox_relay::pipeline
