@@ -39,8 +39,6 @@ struct Batches {
   int64_t batches = 0;
 };
 
-// Runs `sql` (a batched DELETE of at most `batch` rows) until a batch comes
-// back short, sleeping between batches; a progress line after each.
 // The planner's estimate of the rows `select_sql` returns (EXPLAIN: nothing
 // is read), the total of a cleanup's progress. nullopt when it cannot tell.
 std::optional<uint64_t> PlannerEstimate(pg::Connection& conn, const std::string& select_sql,
@@ -56,6 +54,8 @@ std::optional<uint64_t> PlannerEstimate(pg::Connection& conn, const std::string&
   return std::stoull(m[1].str());
 }
 
+// Runs `sql` (a batched DELETE of at most `batch` rows) until a batch comes
+// back short, sleeping between batches; a progress line after each.
 Result<Batches> DeleteInBatches(pg::Connection& conn, const std::string& sql,
                                 std::span<const std::optional<std::string>> params, int64_t batch,
                                 std::chrono::milliseconds sleep, std::string_view what,
@@ -79,17 +79,13 @@ Result<Batches> DeleteInBatches(pg::Connection& conn, const std::string& sql,
     if (progress.terminal()) {
       progress.Update(static_cast<uint64_t>(out.rows));
     } else {
-      const double secs = SecondsSince(started);
-      const double rate = secs > 0 ? static_cast<double>(out.rows) / secs : 0.0;
-      std::string of_estimate;
-      if (estimate && static_cast<uint64_t>(out.rows) < *estimate && rate > 0) {
-        of_estimate = fmt::format(
-            " (of ~{} estimated, {} left)", GroupedDigits(*estimate),
-            DescribeDuration(std::chrono::duration<double>(
-                static_cast<double>(*estimate - static_cast<uint64_t>(out.rows)) / rate)));
-      }
-      spdlog::info("cleanup: {}: batch {} deleted {} rows; {} rows so far, {:.0f} rows/s{}", what,
-                   out.batches, *n, out.rows, rate, of_estimate);
+      Progress p;
+      p.done = static_cast<uint64_t>(out.rows);
+      p.total = estimate;
+      p.estimated = true;
+      p.elapsed = std::chrono::duration<double>(SecondsSince(started));
+      spdlog::info("cleanup: {}: batch {} deleted {} rows; {} rows so far ({})", what, out.batches,
+                   *n, out.rows, DescribeProgress("in all", p));
     }
     if (*n < batch) break;
     if (sleep.count() > 0) std::this_thread::sleep_for(sleep);

@@ -17,14 +17,12 @@ bool StderrIsTerminal() { return isatty(STDERR_FILENO) == 1; }
 
 }  // namespace
 
-ProgressReport::ProgressReport(std::string what, std::optional<uint64_t> total, bool estimated,
-                               Output output, const Clock& clock)
+ProgressReport::ProgressReport(std::string what, std::optional<uint64_t> total, bool estimated)
     : what_(std::move(what)),
       total_(total),
       estimated_(estimated),
-      clock_(clock),
-      terminal_(output == Output::kTerminal || (output == Output::kAuto && StderrIsTerminal())),
-      started_(clock.Now()),
+      terminal_(StderrIsTerminal()),
+      started_(Clock::Steady().Now()),
       last_shown_(started_) {}
 
 ProgressReport::~ProgressReport() {
@@ -36,7 +34,7 @@ void ProgressReport::Update(uint64_t done) {
   const auto every = terminal_
                          ? std::chrono::duration_cast<std::chrono::milliseconds>(kTerminalEvery)
                          : std::chrono::duration_cast<std::chrono::milliseconds>(kLogEvery);
-  if (clock_.Now() - last_shown_ < every) return;
+  if (Clock::Steady().Now() - last_shown_ < every) return;
   Show(done, false);
 }
 
@@ -48,7 +46,7 @@ void ProgressReport::Finish(uint64_t done) {
 }
 
 void ProgressReport::Show(uint64_t done, bool last) {
-  const auto now = clock_.Now();
+  const auto now = Clock::Steady().Now();
   last_shown_ = now;
   Progress p;
   p.done = done;

@@ -340,8 +340,8 @@ Status SlotSetup::Backfill(pg::Connection& conn, const std::string& snapshot) {
       }
       ++rows;
       stats_->backfilled.fetch_add(1, std::memory_order_relaxed);
-      progress.Update(rows);
     }
+    progress.Update(rows);  // per page: the clock is read once a page
     if (tx != nullptr) tracker_->Commit(tx, kInvalidLsn);
     params[1] = std::string(*pg::GetValue(r, n - 1, columns->transaction_id));
     params[2] = std::string(*pg::GetValue(r, n - 1, columns->offset));

@@ -16,9 +16,7 @@ namespace outbox_relay::pipeline {
 
 class ProgressReport {
  public:
-  enum class Output { kAuto, kTerminal, kLog };
-  ProgressReport(std::string what, std::optional<uint64_t> total, bool estimated,
-                 Output output = Output::kAuto, const Clock& clock = Clock::Steady());
+  ProgressReport(std::string what, std::optional<uint64_t> total, bool estimated);
   ~ProgressReport();
   ProgressReport(const ProgressReport&) = delete;
   ProgressReport& operator=(const ProgressReport&) = delete;
@@ -35,7 +33,6 @@ class ProgressReport {
   const std::string what_;
   const std::optional<uint64_t> total_;
   const bool estimated_;
-  const Clock& clock_;
   const bool terminal_;
   const Clock::time_point started_;
   Clock::time_point last_shown_;
