@@ -183,6 +183,16 @@ Result<bool> WaitPartitionsServed(rd_kafka_t* rk, const std::string& name, bool 
   }
   std::set<int32_t> served;
   std::string waiting_for = "metadata";
+  bool seen_missing = false;
+  // A metadata request for a missing topic makes the brokers create it when
+  // both sides allow it (allow.auto.create.topics here, librdkafka's default
+  // for a producer; auto.create.topics.enable there, Kafka's default).
+  std::array<char, 16> auto_create{};
+  size_t auto_create_size = auto_create.size();
+  const bool may_be_created =
+      rd_kafka_conf_get(rd_kafka_conf(rk), "allow.auto.create.topics", auto_create.data(),
+                        &auto_create_size) == RD_KAFKA_CONF_OK &&
+      std::string_view(auto_create.data()) == "true";
   while (Clock::now() < deadline) {
     if (cancel != nullptr && cancel->load()) {
       return Fail(ErrorCode::kTransient, "topic {}: cancelled", name);
@@ -192,7 +202,15 @@ Result<bool> WaitPartitionsServed(rd_kafka_t* rk, const std::string& name, bool 
     MetadataHandle md(raw);
     if (err == RD_KAFKA_RESP_ERR_NO_ERROR && md->topic_cnt == 1) {
       const rd_kafka_metadata_topic_t& topic = md->topics[0];
-      if (topic.err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART && !created) return false;
+      // Missing: just created and not yet in this broker's metadata, or
+      // being created by the brokers on this very request: either way it is
+      // waited for, as the partitions of a new topic are (an auto-created
+      // topic is named in the metadata while its first partition still
+      // refuses requests). Otherwise nothing will create it: said at once.
+      if (topic.err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) {
+        if (!created && !may_be_created) return false;
+        seen_missing = true;
+      }
       if (topic.err == RD_KAFKA_RESP_ERR_NO_ERROR && topic.partition_cnt > 0) {
         for (int i = 0; i < topic.partition_cnt; ++i) {
           const rd_kafka_metadata_partition_t& p = topic.partitions[i];
@@ -212,6 +230,9 @@ Result<bool> WaitPartitionsServed(rd_kafka_t* rk, const std::string& name, bool 
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  // Never there: the brokers neither have nor create it. Its records go out
+  // and wait in librdkafka, which names the topic when it gives up on them.
+  if (seen_missing && waiting_for == "metadata") return false;
   return Fail(ErrorCode::kTransient, "topic {}: {} not served by a leader within {} ms", name,
               waiting_for, timeout.count());
 }

@@ -76,6 +76,7 @@ DeliveryReport CheckDelivery(const std::vector<WrittenRow>& committed,
   struct AggState {
     std::string where;  // "topic/partition" of its first record
     int64_t last_seq = 0;
+    int64_t last_offset = -1;  // where last_seq first arrived
     bool split = false;
   };
   std::unordered_map<std::string, AggState> aggs;
@@ -111,10 +112,15 @@ DeliveryReport CheckDelivery(const std::vector<WrittenRow>& committed,
     }
     if (row.seq <= st.last_seq) {
       ++rep.order_violations;
-      Sample(&rep.samples, fmt::format("order: aggregate {} seq {} after seq {} (at {}@{})",
-                                       row.aggregate, row.seq, st.last_seq, where, rec.offset));
+      Sample(&rep.samples,
+             fmt::format("order: aggregate {} seq {} after seq {} (at {}@{}; seq {} first at @{})",
+                         row.aggregate, row.seq, st.last_seq, where, rec.offset, st.last_seq,
+                         st.last_offset));
     }
-    st.last_seq = std::max(st.last_seq, row.seq);
+    if (row.seq > st.last_seq) {
+      st.last_seq = row.seq;
+      st.last_offset = rec.offset;
+    }
   }
   for (const WrittenRow& r : committed) {
     if (!copies.contains(r.uuid)) {

@@ -55,17 +55,23 @@ Result<std::optional<int64_t>> TopicMaxMessageBytes(rd_kafka_t* rk, const std::s
 
 // Waits until every partition of topic `name` has a leader that serves it: a
 // ListOffsets request for each partition answered by its leader. True once
-// they all did; false when the topic does not exist, unless `created` (it was
-// just created: the brokers' metadata may not have it yet, so it is waited
-// for too). kTransient when some partition was not served within `timeout`
-// (or on `*cancel`).
+// they all did. A missing topic is waited for too when it may be on its way:
+// `created` (the brokers' metadata may not have it yet), or `rk` allows
+// auto-creation (allow.auto.create.topics, a producer's default: the brokers
+// create it on the metadata request that finds it missing, when their
+// auto.create.topics.enable allows). False when it is missing and nothing
+// creates it: at once when `rk` does not allow auto-creation, else after
+// `timeout`. kTransient when the topic exists and some partition was not
+// served within `timeout` (or on `*cancel`).
 //
 // Before its first record to a topic the producer waits for this. A broker
 // can name itself leader of a new partition (its metadata) a moment before it
 // serves it: the idempotent producer's first batch is then refused, while its
 // second, sent right after, is accepted as the partition's first (the broker
 // accepts any first sequence of a producer it does not know). The retried
-// first batch is then reported delivered although the log lacks it.
+// first batch is then reported delivered although the log lacks it, or lands
+// after newer records of the same key. An auto-created topic has the same
+// window (tests/integration/kafka_topics_test.cc).
 Result<bool> WaitPartitionsServed(rd_kafka_t* rk, const std::string& name, bool created,
                                   std::chrono::milliseconds timeout,
                                   const std::atomic<bool>* cancel = nullptr);
