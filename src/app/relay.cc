@@ -587,6 +587,11 @@ Status Relay::RunPhase(Phase phase, std::optional<pipeline::StreamSession>* sess
 
 Status Relay::Stream(std::optional<pipeline::StreamSession>* session,
                      std::optional<pipeline::PgSource>* source) {
+  if constexpr (failpoint::kCompiledIn) {
+    if (last_walsender_pid_ != 0 && failpoint::Active("no-restream")) {
+      return Fail(ErrorCode::kTransient, "TEST FAULT no-restream: the stream connects only once");
+    }
+  }
   // Start from what the slot itself says if that is further than what we
   // confirmed (another instance may have held it meanwhile).
   if (auto admin = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kNormal,
@@ -704,6 +709,9 @@ void Relay::Drain(milliseconds bound) {
          !stop_->requested()) {
     stats_.Beat();
     if (auto dl = publisher_->DeadLetterRefused(nullptr); !dl) break;
+    // The marker met a promotion: nothing is marked before the next stream
+    // follows it, so a bounded wait here would only hold that stream back.
+    if (bound != milliseconds::max() && marker_ && marker_->timeline_refused()) break;
     tracker_->WaitForProgress(milliseconds(100));
   }
 }
@@ -797,6 +805,7 @@ int Relay::Shutdown(pipeline::StreamSession* session, bool failed) {
                     std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
   };
   bool drained = false;
+  bool followed = false;  // a promotion the marker met, followed by the stop itself
   if (!failed) {
     spdlog::info("stopping: flushing {} rows in flight", tracker_->rows_in_flight());
     // Flush sends what linger holds back; deliveries then drain the tracker
@@ -810,6 +819,7 @@ int Relay::Shutdown(pipeline::StreamSession* session, bool failed) {
     }
     while (!(drained = tracker_->WaitEmpty(milliseconds(200))) && !tracker_->failure() &&
            remaining() > milliseconds(0)) {
+      if (!followed) followed = FollowPromotionAtStop();
       (void)publisher_->DeadLetterRefused(session);
       if (session != nullptr) {
         if (auto st = session->SendStatus(false); !st) session = nullptr;
@@ -839,6 +849,14 @@ int Relay::Shutdown(pipeline::StreamSession* session, bool failed) {
   if (sampler_) sampler_->Stop();
   deadline_exit.Step("closing the clients");
   auto failure = tracker_->failure();
+  if (!failed && failure && followed && tracker_->failure_retryable()) {
+    // Given back by the marker after the promotion: re-sent from this
+    // server's slot after the restart, as a running relay would have.
+    spdlog::warn("stopped after following a promotion: {}; confirmed {}", *failure,
+                 tracker_->confirmed());
+    deadline_exit.Decided(kExitOk);
+    return kExitOk;
+  }
   if (failed || failure) {
     if (failure) spdlog::error("stopped after a delivery failure: {}", *failure);
     spdlog::error("stopped without confirming past {}; a restart resumes there",

@@ -41,6 +41,45 @@ Status ValidateFailoverSlot(const RelayConfig& config, pg::Connection& conn) {
   return Ok();
 }
 
+namespace {
+
+// Where the timeline `previous` ends in the history of the server's, as far
+// as both hold the same WAL (0 when the history cannot be read: nothing of
+// the old timeline is marked then).
+Lsn SharedBelow(pg::Connection& repl, const pg::SystemIdentity& identity, uint32_t previous) {
+  Lsn shared_below(0);
+  if (auto history = pg::ServerWalHistory(repl, identity); history) {
+    for (const TimelineFork& fork : history->ancestors) {
+      if (fork.timeline == previous) shared_below = fork.end;
+    }
+  } else {
+    spdlog::warn("TIMELINE_HISTORY {}: {}; no transaction in flight is marked on it",
+                 identity.timeline, history.error().message);
+  }
+  return shared_below;
+}
+
+}  // namespace
+
+bool Relay::FollowPromotionAtStop() {
+  if (!marker_ || !marker_->timeline_refused() || timeline_ == 0) return false;
+  auto repl = pg::Connection::Open(config_.replication_url(), pg::Connection::Mode::kReplication,
+                                   "outbox-relay", config_.pg_network);
+  if (!repl) {
+    spdlog::warn("stopping: cannot read where the timelines part: {}", repl.error().message);
+    return false;
+  }
+  auto identity = pg::IdentifySystem(*repl);
+  if (!identity || identity->timeline == timeline_) return false;
+  spdlog::warn(
+      "stopping: the server writes timeline {}, the delivered transactions were read on "
+      "timeline {} (a standby was promoted): those the two share are marked there, the others "
+      "are sent again after the restart",
+      identity->timeline, timeline_);
+  marker_->FollowTimeline(identity->timeline, SharedBelow(*repl, *identity, timeline_));
+  return true;
+}
+
 Status Relay::FollowPromotion(const pg::SystemIdentity& identity, pg::Connection& repl) {
   const uint32_t previous = timeline_;
   if (previous == 0 || previous == identity.timeline) {
@@ -61,16 +100,7 @@ Status Relay::FollowPromotion(const pg::SystemIdentity& identity, pg::Connection
   // and marking it would lose that row. The marker gives them back as
   // unmarkable, and the pipeline restarts: whatever of them this server has
   // comes again, from the slot or the backfill of a slot made anew.
-  Lsn shared_below(0);
-  if (auto history = pg::ServerWalHistory(repl, identity); history) {
-    for (const TimelineFork& fork : history->ancestors) {
-      if (fork.timeline == previous) shared_below = fork.end;
-    }
-  } else {
-    spdlog::warn("TIMELINE_HISTORY {}: {}; no transaction in flight is marked on it",
-                 identity.timeline, history.error().message);
-  }
-  if (marker_) marker_->FollowTimeline(identity.timeline, shared_below);
+  if (marker_) marker_->FollowTimeline(identity.timeline, SharedBelow(repl, identity, previous));
   Drain(std::chrono::seconds(30));
   if (!tracker_->empty()) {
     if (auto st = RestartPipeline("a standby was promoted"); !st) return st;

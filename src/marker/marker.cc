@@ -165,6 +165,7 @@ void Marker::Disconnect() {
 void Marker::SetTimeline(uint32_t timeline, Lsn shared_below) {
   shared_below_.store(shared_below.value());
   timeline_.store(timeline);
+  timeline_refused_.store(false);  // judged again at the next connection
 }
 
 std::vector<tracking::Transaction*> Marker::TakeUnshared(

@@ -348,5 +348,80 @@ TEST_F(Failover, MarksOfTransactionsGoneWithAnAsyncPromotionMarkNothingOnTheNewP
   EXPECT_EQ(relay.Wait(seconds(40)), std::optional<int>(0)) << relay.LogTail();
 }
 
+// A stop that comes after a promotion the stream has not followed yet (its
+// connection was lost and not made again; the test fault no-restream keeps it
+// so): the marker, on the promoted server, refuses to mark what was read on
+// the old timeline. The stop reads where the timelines part itself: the
+// transactions both share are marked there, and it exits 0. It used to wait
+// out the shutdown timeout and exit 1 with them unmarked (the fault campaign
+// met it when its final SIGTERM came just after a promotion).
+TEST_F(Failover, AStopRightAfterAPromotionMarksWhatTheTimelinesShare) {
+  const int base = 25800 + static_cast<int>(getpid() % 40);
+  const std::string common =
+      "-c wal_level=logical -c max_wal_senders=10 -c max_replication_slots=10 "
+      "-c hot_standby=on -c wal_keep_size=256MB";
+  ThrowawayPostgres primary(FreeLocalPort(base), common);
+  Pg pdb(primary.url());
+  pdb.Exec(OutboxTableDdl(name_));
+  primary.Stop("fast");
+  auto standby = ThrowawayPostgres::StandbyOf(
+      primary, FreeLocalPort(primary.port() + 1), common,
+      fmt::format("primary_conninfo = 'host=127.0.0.1 port={} user=postgres dbname=postgres'",
+                  primary.port()));
+  primary.Start();
+  standby->Start();
+  pdb = Pg(primary.url());
+  ASSERT_TRUE(WaitFor([&] { return pdb.Int("SELECT count(*) FROM pg_stat_replication") == 1; },
+                      seconds(60)));
+  const std::string both = fmt::format(
+      "postgresql://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write",
+      primary.port(), standby->port());
+  RelayProcess& relay =
+      StartRelay({}, {{"DATABASE_URL", both}, {"OUTBOX_TEST_FAULT", "no-restream"}});
+  ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
+
+  // Delivered, unmarked (the lock holds the marker's statement), on the standby too.
+  Pg locker(primary.url());
+  locker.Exec("BEGIN");
+  locker.Exec("LOCK TABLE outbox_relay.commits IN SHARE MODE");
+  std::vector<WrittenRow> rows;
+  for (int i = 0; i < 5; ++i) rows.push_back(InsertRow(pdb, {.seq = i + 1, .offset = 1}));
+  const std::string flushed = pdb.Scalar("SELECT pg_current_wal_lsn()::text").value_or("");
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return Pg(standby->url())
+                   .Scalar("SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn", {flushed}) == "t";
+      },
+      seconds(30)));
+  ASSERT_TRUE(WaitFor([&] { return ReadTopics({.timeout = seconds(5)}).size() >= rows.size(); },
+                      seconds(30)))
+      << relay.LogTail();
+
+  primary.Stop("immediate");
+  standby->Promote();
+  db_ = std::make_unique<Pg>(standby->url());
+  // The marker connects to the promoted server and refuses to mark there.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return relay.Log().find("the delivered transactions were read on timeline") !=
+               std::string::npos;
+      },
+      seconds(60)))
+      << relay.LogTail();
+  auto stopped = std::chrono::steady_clock::now();
+  relay.Terminate();
+  auto code = relay.Wait(seconds(40));
+  double stop_s = SecondsSince(stopped);
+  const int64_t unmarked = db_->Int(
+      fmt::format("SELECT count(*) FROM {} WHERE offset_acked IS NULL", QuoteIdent(name_)));
+  fmt::print("stop after an unfollowed promotion: exit {} after {:.1f} s, {} of {} rows unmarked\n",
+             code ? std::to_string(*code) : "none", stop_s, unmarked, rows.size());
+  EXPECT_EQ(code, std::optional<int>(0)) << relay.LogTail(30);
+  EXPECT_EQ(unmarked, 0) << "the shared transactions are marked on the promoted server\n"
+                         << relay.LogTail(30);
+  EXPECT_NE(relay.Log().find("stopping: the server writes timeline"), std::string::npos)
+      << relay.LogTail(30);
+}
+
 }  // namespace
 }  // namespace outbox_test

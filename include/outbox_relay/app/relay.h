@@ -75,6 +75,11 @@ class Relay {
   // timeline than the last stream), start from the new primary's copy of the
   // slot, never from a position confirmed on the old one (relay_failover.cc).
   Status FollowPromotion(const pg::SystemIdentity& identity, pg::Connection& repl);
+  // At a stop, when the marker met a promotion the stream has not followed
+  // (its connection was lost and not made again yet): reads where the
+  // timelines part, as FollowPromotion does, so that the marker marks what
+  // they share and gives the rest back. True when it did.
+  bool FollowPromotionAtStop();
   // The sink: the Kafka producer (transactional for exactly-once), or the null
   // sink (relay_exactly_once.cc).
   struct RelaySink {

@@ -18,6 +18,9 @@
 //   stall-backfill:S   the first backfill hangs S seconds after storing the
 //                      slot's snapshot, before its first row (the setup lock
 //                      held; tests/integration/resilience_slot_test)
+//   no-restream        after its first session the stream never connects
+//                      again (tests/integration/failover_test: a stop follows
+//                      a promotion itself)
 //
 // Compiled in only where the build says so: CMake's OUTBOX_FAILPOINTS (ON for
 // development and test builds, OFF for the shipped image, docker/Dockerfile).

@@ -135,6 +135,10 @@ class Marker {
   // rows, which carry no position) go back to the tracker as unmarkable: the
   // pipeline restarts and sends their rows again if the server has them.
   void FollowTimeline(uint32_t timeline, Lsn shared_below) { SetTimeline(timeline, shared_below); }
+  // Its last connection found the server on another timeline than the one
+  // set: nothing is marked until the relay follows it (FollowTimeline), so
+  // waiting for the marks is pointless meanwhile. Any thread.
+  bool timeline_refused() const { return timeline_refused_.load(); }
 
   // The statement text (exposed for tests and `check`).
   static std::string MarkSql(const MarkerOptions& options);
@@ -200,7 +204,7 @@ class Marker {
 
   std::atomic<uint32_t> timeline_{0};  // ExpectTimeline, FollowTimeline
   std::atomic<uint64_t> shared_below_{kEndOfWal.value()};
-  bool timeline_refused_ = false;  // the last Connect met another timeline
+  std::atomic<bool> timeline_refused_{false};  // the last Connect met another timeline
   // No commit of this slot above it is in the commit index, but for another
   // instance's (see MarkSql): read when connecting, raised by each statement.
   Lsn indexed_through_;
