@@ -47,17 +47,28 @@ struct Column {
 
 class Checker : CheckList {
  public:
-  explicit Checker(const CheckConfig& config) : c_(config), r_(config.relay) {}
+  Checker(const CheckConfig& config, pipeline::StepLine* steps)
+      : c_(config), r_(config.relay), steps_(steps) {}
 
   std::vector<CheckResult> Run() {
+    Step("PostgreSQL");
     Database();
     sample_.known = conn_ != nullptr && !table_oid_.empty() && all_columns_ok_;
-    if (r_.delivery == DeliveryMode::kExactlyOnce) sample_.transactional_id = TransactionalId();
+    if (r_.delivery == DeliveryMode::kExactlyOnce) {
+      Step("PostgreSQL, a replication connection (the transactional.id)");
+      sample_.transactional_id = TransactionalId();
+    }
+    Step(fmt::format("Kafka at {} (up to {:.1f} s a request)", r_.kafka_brokers,
+                     static_cast<double>(c_.kafka_timeout_ms) / 1000));
     for (CheckResult& r : CheckKafka(c_, sample_)) out_.push_back(std::move(r));
     return std::move(out_);
   }
 
  private:
+  void Step(std::string step) {
+    if (steps_ != nullptr) steps_->Begin(std::move(step));
+  }
+
   // Exactly-once: the transactional.id run uses ("" when it cannot be derived).
   std::string TransactionalId() {
     if (!r_.transactional_id.empty()) return r_.transactional_id;
@@ -154,6 +165,7 @@ class Checker : CheckList {
     }
     Slot();
     if (r_.failover_slot || !c_.standby_url.empty() || slot_.failover.value_or(false)) {
+      if (!c_.standby_url.empty()) Step("the standby (--standby-url)");
       for (CheckResult& r : CheckFailover(*conn_, c_)) out_.push_back(std::move(r));
     }
     RelaySchema();
@@ -769,6 +781,7 @@ class Checker : CheckList {
 
   const CheckConfig& c_;
   const RelayConfig& r_;
+  pipeline::StepLine* steps_;
   pg::Connection* conn_ = nullptr;
   int64_t version_num_ = 0;
   std::string database_;
@@ -802,7 +815,9 @@ void AddCheckFlags(CLI::App& app, CheckConfig& c) {
                "Newest rows whose event types' topics are checked (0: none)");
 }
 
-std::vector<CheckResult> RunChecks(const CheckConfig& config) { return Checker(config).Run(); }
+std::vector<CheckResult> RunChecks(const CheckConfig& config, pipeline::StepLine* steps) {
+  return Checker(config, steps).Run();
+}
 
 std::string FormatChecksText(const std::vector<CheckResult>& results) {
   std::string out;
@@ -841,7 +856,13 @@ int CheckCommand(CheckConfig& c) {
     spdlog::error("{}", st.error().message);
     return kExitConfig;
   }
-  std::vector<CheckResult> results = RunChecks(c);
+  std::vector<CheckResult> results;
+  {
+    // On a terminal, what it waits for while it waits (a server that does
+    // not answer holds a step up to its timeout); erased before the results.
+    pipeline::StepLine steps("check");
+    results = RunChecks(c, c.output == OutputFormat::kText ? &steps : nullptr);
+  }
   std::string text =
       c.output == OutputFormat::kJson ? FormatChecksJson(results) : FormatChecksText(results);
   std::fwrite(text.data(), 1, text.size(), stdout);

@@ -65,4 +65,46 @@ void ProgressReport::Show(uint64_t done, bool last) {
   }
 }
 
+StepLine::StepLine(std::string what)
+    : what_(std::move(what)), terminal_(StderrIsTerminal()), since_(Clock::Steady().Now()) {
+  if (terminal_) thread_ = std::thread([this] { Loop(); });
+}
+
+StepLine::~StepLine() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void StepLine::Begin(std::string step) {
+  {
+    std::lock_guard lock(mu_);
+    step_ = std::move(step);
+    since_ = Clock::Steady().Now();
+  }
+  cv_.notify_all();
+}
+
+void StepLine::Loop() {
+  std::unique_lock lock(mu_);
+  while (!stop_) {
+    cv_.wait_for(lock, kTerminalEvery);
+    const auto ran = Clock::Steady().Now() - since_;
+    if (!stop_ && !step_.empty() && ran >= std::chrono::milliseconds(500)) {
+      std::fprintf(stderr, "\r%s: %s: %.1f s\x1b[K", what_.c_str(), step_.c_str(),
+                   std::chrono::duration<double>(ran).count());
+      std::fflush(stderr);
+      shown_ = true;
+    } else if (shown_) {
+      // A new step (not yet 500 ms old) or the end: the old line goes.
+      std::fputs("\r\x1b[K", stderr);
+      std::fflush(stderr);
+      shown_ = false;
+    }
+  }
+}
+
 }  // namespace outbox_relay::pipeline

@@ -508,9 +508,43 @@ Status WatermillTables::WaitDelivered() {
   return Ok();
 }
 
+std::optional<uint64_t> WatermillTables::CountUnprocessed(pg::Connection& conn,
+                                                          const std::vector<OutboxTable>& tables,
+                                                          const std::string& snapshot) {
+  uint64_t total = 0;
+  for (const OutboxTable& table : tables) {
+    auto position = ReadPosition(conn, table, settings_.consumer_group);
+    Result<int64_t> n = std::unexpected(Error{});
+    if (!position) {
+      n = std::unexpected(position.error());
+    } else {
+      outbox::TablePosition after = position->value_or(outbox::TablePosition{0, INT64_MIN});
+      std::optional<std::string> params[] = {snapshot, std::to_string(after.transaction_id),
+                                             std::to_string(after.offset)};
+      auto counted = conn.ExecParams(
+          fmt::format("SELECT count(*) FROM {} WHERE pg_visible_in_snapshot(transaction_id, "
+                      "$1::pg_snapshot) AND (transaction_id, \"offset\") > ($2::xid8, $3::bigint)",
+                      table.name.Quoted()),
+          params);
+      if (counted) {
+        n = pg::Rows(counted->get()).Int(0, 0);
+      } else {
+        n = std::unexpected(counted.error());
+      }
+    }
+    if (!n) {
+      spdlog::warn("backfill: counting the rows of {} to publish: {}; going on without a total",
+                   table.name.ToString(), n.error().message);
+      return std::nullopt;
+    }
+    total += static_cast<uint64_t>(std::max<int64_t>(*n, 0));
+  }
+  return total;
+}
+
 Status WatermillTables::PublishTable(pg::Connection& conn, const OutboxTable& table,
                                      const std::string& snapshot, uint64_t bound_xid,
-                                     uint64_t* rows) {
+                                     uint64_t* rows, ProgressReport* progress) {
   auto position = ReadPosition(conn, table, settings_.consumer_group);
   if (!position) return std::unexpected(position.error());
   // The group's position: rows after it are not processed (watermill-sql's
@@ -567,7 +601,8 @@ Status WatermillTables::PublishTable(pg::Connection& conn, const OutboxTable& ta
       stats_->backfilled.fetch_add(1, std::memory_order_relaxed);
     }
     if (tx != nullptr) tracker_->Commit(tx, kInvalidLsn);
-    if (produced < n) break;  // stopping: the rest comes next time
+    if (progress != nullptr) progress->Update(*rows);  // once a page
+    if (produced < n) break;                           // stopping: the rest comes next time
     // The page is delivered before the position moves onto it.
     if (auto st = WaitDelivered(); !st) return st;
     if (stop_->requested()) break;
@@ -598,11 +633,19 @@ Status WatermillTables::Backfill(pg::Connection& conn, const std::string& snapsh
       "committed before the slot (snapshot {})",
       tables_.size(), settings_.consumer_group, snapshot);
   (void)conn.Exec("SET jit = off");
+  // The total, for the progress and outbox_relay_backfill_rows_estimated.
+  std::optional<uint64_t> total = CountUnprocessed(conn, tables_, snapshot);
+  if (total) {
+    stats_->backfill_estimated.store(*total, std::memory_order_relaxed);
+    spdlog::info("backfill: {} rows to publish", *total);
+  }
+  ProgressReport progress("backfill", total, /*estimated=*/false);
   uint64_t rows = 0;
   for (const OutboxTable& t : tables_) {
-    if (auto st = PublishTable(conn, t, snapshot, bound, &rows); !st) return st;
+    if (auto st = PublishTable(conn, t, snapshot, bound, &rows, &progress); !st) return st;
     if (stop_->requested()) return Ok();  // resumes from the stored snapshot
   }
+  progress.Finish(rows);
   // The slot's snapshot covers every table joined before it.
   std::optional<std::string> slot[] = {options_.slot, std::string(kCatchUpKeyPrefix) + "%"};
   if (auto st = conn.ExecParams(
@@ -636,8 +679,11 @@ Status WatermillTables::CatchUp(pg::Connection& conn) {
           "table {} joined the publication: publishing its rows written before (snapshot "
           "{})",
           name, snapshot);
-      if (auto st = PublishTable(conn, *table, snapshot, bound, &rows); !st) return st;
+      ProgressReport progress(fmt::format("catch-up of {}", name),
+                              CountUnprocessed(conn, {*table}, snapshot), /*estimated=*/false);
+      if (auto st = PublishTable(conn, *table, snapshot, bound, &rows, &progress); !st) return st;
       if (stop_->requested()) return Ok();  // resumes from the stored snapshot
+      progress.Finish(rows);
       spdlog::info("table {}: {} rows written before it joined published", name, rows);
     } else {
       spdlog::warn(

@@ -1,7 +1,9 @@
 // Progress on long work (issue 41): `replay` on a terminal redraws one line
-// with the rows done of the total, the rate and the time left; a first start's
-// backfill shows in /metrics as outbox_relay_backfill_rows_estimated (the rows
-// it counted) and outbox_relay_backfilled_rows_total rising toward it.
+// with the rows done of the total, the rate and the time left; `check` there
+// shows what it waits for; a first start's backfill shows in /metrics as
+// outbox_relay_backfill_rows_estimated (the rows it counted) and
+// outbox_relay_backfilled_rows_total rising toward it, for the seed's table and
+// for watermill-sql's tables.
 #include <fmt/format.h>
 #include <poll.h>
 #include <pty.h>
@@ -117,6 +119,66 @@ TEST_F(OpsProgress, ReplayOnATerminalRedrawsItsProgressLine) {
       << run.output;
 }
 
+// `check` prints its results at the end; while a server does not answer, a
+// terminal shows what it waits for and for how long, and the line is gone
+// before the results.
+TEST_F(OpsProgress, CheckOnATerminalShowsWhatItWaitsFor) {
+  CreateTables();
+  PtyRun run = RunOnTerminal({"check", "--table", "public." + name_, "--kafka-timeout-ms", "3000"},
+                             {{"DATABASE_URL", env_.database_url},
+                              {"KAFKA_BROKERS", "127.0.0.1:1"}},  // nothing listens there
+                             seconds(60));
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  const std::string waiting = "\rcheck: Kafka at 127.0.0.1:1 (up to 3.0 s a request): ";
+  std::set<std::string> shown;
+  size_t last = std::string::npos;
+  for (size_t at = run.output.find(waiting); at != std::string::npos;
+       at = run.output.find(waiting, at + 1)) {
+    size_t from = at + waiting.size();
+    shown.insert(run.output.substr(from, run.output.find(" s", from) - from));
+    last = at;
+  }
+  fmt::print("check on a terminal: {} distinct waiting lines, the last at {} s\n", shown.size(),
+             shown.empty() ? "-" : *shown.rbegin());
+  EXPECT_GE(shown.size(), 5u) << run.output;
+  ASSERT_NE(last, std::string::npos) << run.output;
+  // Erased, then the results.
+  size_t erased = run.output.find("\r\x1b[K", last + 1);
+  size_t result = run.output.find("FAIL  kafka: no broker of 127.0.0.1:1", last + 1);
+  EXPECT_NE(erased, std::string::npos) << run.output;
+  EXPECT_NE(result, std::string::npos) << run.output;
+  EXPECT_LT(erased, result) << run.output;
+}
+
+// What /metrics said of a backfill, scraped every 50 ms until the counter
+// reached the estimate (or `bound` passed).
+struct BackfillScrape {
+  double estimated = 0;   // outbox_relay_backfill_rows_estimated, last seen
+  std::set<double> seen;  // outbox_relay_backfilled_rows_total while an estimate was set
+  // Figures between none and all: scraped while it ran.
+  size_t MidWay() const {
+    size_t n = 0;
+    for (double d : seen) n += d > 0 && d < estimated ? 1 : 0;
+    return n;
+  }
+};
+
+BackfillScrape ScrapeBackfill(int port, seconds bound) {
+  BackfillScrape out;
+  auto deadline = std::chrono::steady_clock::now() + bound;
+  while (std::chrono::steady_clock::now() < deadline) {
+    HttpResponse r = HttpGet(port, "/metrics");
+    if (r.status == 200) {
+      out.estimated = MetricValue(r.body, "outbox_relay_backfill_rows_estimated").value_or(0);
+      double done = MetricValue(r.body, "outbox_relay_backfilled_rows_total").value_or(0);
+      if (out.estimated > 0) out.seen.insert(done);
+      if (out.estimated > 0 && done >= out.estimated) break;
+    }
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  return out;
+}
+
 TEST_F(OpsProgress, AFirstStartsBackfillShowsInTheMetrics) {
   CreateTables();
   // The backlog a polling forwarder left: 150,000 unacked rows before any slot.
@@ -128,31 +190,68 @@ TEST_F(OpsProgress, AFirstStartsBackfillShowsInTheMetrics) {
   }
   int port = FreeLocalPort(19300 + static_cast<int>(getpid() % 500));
   RelayProcess& relay = StartRelay({"--metrics-addr", fmt::format("127.0.0.1:{}", port)});
-  double estimated = 0;
-  std::set<double> seen;  // backfilled_rows_total as scraped during the backfill
-  auto deadline = std::chrono::steady_clock::now() + seconds(120);
-  while (std::chrono::steady_clock::now() < deadline) {
-    HttpResponse r = HttpGet(port, "/metrics");
-    if (r.status == 200) {
-      estimated = MetricValue(r.body, "outbox_relay_backfill_rows_estimated").value_or(0);
-      double done = MetricValue(r.body, "outbox_relay_backfilled_rows_total").value_or(0);
-      if (estimated > 0) seen.insert(done);
-      if (estimated > 0 && done >= estimated) break;
-    }
-    std::this_thread::sleep_for(milliseconds(50));
-  }
-  EXPECT_EQ(estimated, kRows) << relay.LogTail();
-  ASSERT_FALSE(seen.empty()) << relay.LogTail();
-  EXPECT_EQ(*seen.rbegin(), kRows);
-  // Scraped while it ran: at least one figure between none and all.
-  size_t between = 0;
-  for (double d : seen) between += d > 0 && d < kRows ? 1 : 0;
+  BackfillScrape scrape = ScrapeBackfill(port, seconds(120));
+  EXPECT_EQ(scrape.estimated, kRows) << relay.LogTail();
+  ASSERT_FALSE(scrape.seen.empty()) << relay.LogTail();
+  EXPECT_EQ(*scrape.seen.rbegin(), kRows);
   fmt::print("backfill of {} rows: {} distinct figures scraped, {} of them mid-way\n", kRows,
-             seen.size(), between);
-  EXPECT_GE(between, 1u) << relay.LogTail();
+             scrape.seen.size(), scrape.MidWay());
+  EXPECT_GE(scrape.MidWay(), 1u) << relay.LogTail();
   EXPECT_EQ(WaitAllAcked(seconds(120)), 0) << relay.LogTail();
   relay.Terminate();
   EXPECT_EQ(relay.Wait(seconds(30)), 0) << relay.LogTail();
+}
+
+// The same for watermill-sql's tables (--table-mode=watermill): the rows the
+// consumer group has not processed, of every table, counted before the first
+// start's backfill publishes them, and the group's positions at each table's
+// last row at the end.
+TEST_F(OpsProgress, AWatermillFirstStartsBackfillShowsInTheMetrics) {
+  const std::string schema = name_;
+  db_->Exec(fmt::format("DROP SCHEMA IF EXISTS {} CASCADE", QuoteIdent(schema)));
+  db_->Exec(fmt::format("CREATE SCHEMA {}", QuoteIdent(schema)));
+  constexpr int kRowsPerTable = 40000;
+  std::vector<std::string> tables;
+  for (const char* t : {"a", "b"}) {
+    std::string table =
+        QuoteIdent(schema) + "." + QuoteIdent("watermill_" + topic_prefix_ + "." + t);
+    tables.push_back(table);
+    // watermill-sql's DDL (DefaultPostgreSQLSchema), and its backlog: 40 transactions of 1,000.
+    db_->Exec(fmt::format(
+        "CREATE TABLE {} (\"offset\" BIGSERIAL, \"uuid\" VARCHAR(36) NOT NULL, "
+        "\"created_at\" TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP, \"payload\" JSON "
+        "DEFAULT NULL, \"metadata\" JSON DEFAULT NULL, \"transaction_id\" xid8 NOT NULL, "
+        "PRIMARY KEY (\"transaction_id\", \"offset\"))",
+        table));
+    for (int i = 0; i < kRowsPerTable / 1000; ++i) {
+      db_->Exec(fmt::format(
+          "INSERT INTO {} (uuid, payload, metadata, transaction_id) SELECT "
+          "gen_random_uuid()::text, "
+          "json_build_object('n', n), '{{}}', pg_current_xact_id() FROM generate_series(1, 1000) "
+          "n",
+          table));
+    }
+  }
+  int port = FreeLocalPort(19800 + static_cast<int>(getpid() % 500));
+  RelayProcess& relay =
+      StartRelay({"--metrics-addr", fmt::format("127.0.0.1:{}", port), "--table-mode", "watermill",
+                  "--watermill-consumer-group", "g", "--watermill-table-pattern",
+                  schema + ".watermill_*", "--create-topics", "true"});
+  BackfillScrape scrape = ScrapeBackfill(port, seconds(120));
+  constexpr double kRows = 2.0 * kRowsPerTable;
+  EXPECT_EQ(scrape.estimated, kRows) << relay.LogTail();
+  ASSERT_FALSE(scrape.seen.empty()) << relay.LogTail();
+  EXPECT_EQ(*scrape.seen.rbegin(), kRows);
+  fmt::print("watermill backfill of {} rows: {} distinct figures scraped, {} of them mid-way\n",
+             kRows, scrape.seen.size(), scrape.MidWay());
+  EXPECT_GE(scrape.MidWay(), 1u) << relay.LogTail();
+  EXPECT_NE(relay.Log().find(fmt::format("backfill: {} rows to publish", kRowsPerTable * 2)),
+            std::string::npos)
+      << relay.LogTail();
+  ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
+  relay.Terminate();
+  EXPECT_EQ(relay.Wait(seconds(30)), 0) << relay.LogTail();
+  db_->Exec(fmt::format("DROP SCHEMA IF EXISTS {} CASCADE", QuoteIdent(schema)));
 }
 
 }  // namespace

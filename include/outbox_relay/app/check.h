@@ -23,6 +23,7 @@
 #include "outbox_relay/app/commands.h"
 #include "outbox_relay/app/config.h"
 #include "outbox_relay/pg/connection.h"
+#include "outbox_relay/pipeline/progress_report.h"
 
 namespace CLI {
 class App;
@@ -82,8 +83,9 @@ struct TopicSample {
 void AddCheckFlags(CLI::App& app, CheckConfig& config);
 
 // Runs every check on a validated config. Never fails as a whole: a check
-// that cannot run is itself a FAIL line.
-std::vector<CheckResult> RunChecks(const CheckConfig& config);
+// that cannot run is itself a FAIL line. `steps` (may be null) is told each
+// step that waits on a server, as it begins.
+std::vector<CheckResult> RunChecks(const CheckConfig& config, pipeline::StepLine* steps = nullptr);
 
 // --table-mode=watermill: the tables, their topics, offsets tables and the
 // consumer group's positions, privileges and the publication (in place of

@@ -5,9 +5,12 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "outbox_relay/core/clock.h"
 #include "outbox_relay/core/progress.h"
@@ -39,6 +42,35 @@ class ProgressReport {
   bool shown_on_terminal_ = false;
   bool finished_ = false;
   bool logged_ = false;
+};
+
+// What a command is waiting for, and for how long, on a terminal only (standard
+// error is one): "check: Kafka at host:9092 (up to 5 s): 2.3 s", redrawn every
+// 250 ms by a thread of its own once a step has taken 500 ms, erased when the
+// next step begins and at the end. Elsewhere nothing: each step's result is
+// printed anyway. Used by `check`, whose steps wait on servers. Begin: any thread.
+class StepLine {
+ public:
+  explicit StepLine(std::string what);
+  ~StepLine();  // erases the line
+  StepLine(const StepLine&) = delete;
+  StepLine& operator=(const StepLine&) = delete;
+
+  void Begin(std::string step);
+  bool terminal() const { return terminal_; }
+
+ private:
+  void Loop();
+
+  const std::string what_;
+  const bool terminal_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::string step_;  // guarded by mu_
+  Clock::time_point since_;
+  bool stop_ = false;
+  bool shown_ = false;  // the loop's own
+  std::thread thread_;
 };
 
 }  // namespace outbox_relay::pipeline

@@ -80,6 +80,7 @@
 #include "outbox_relay/marker/watermill_progress.h"
 #include "outbox_relay/outbox/record.h"
 #include "outbox_relay/pg/connection.h"
+#include "outbox_relay/pipeline/progress_report.h"
 #include "outbox_relay/pipeline/publisher.h"
 #include "outbox_relay/pipeline/stats.h"
 #include "outbox_relay/pipeline/stop.h"
@@ -184,8 +185,15 @@ class WatermillTables {
   // Publishes `table`'s rows visible in `snapshot` after the group's
   // position, page by page, each page delivered and the position moved to
   // its last row below `bound_xid` before the next.
+  // `progress` (may be null) is updated once a page with `*rows`.
   Status PublishTable(pg::Connection& conn, const OutboxTable& table, const std::string& snapshot,
-                      uint64_t bound_xid, uint64_t* rows);
+                      uint64_t bound_xid, uint64_t* rows, ProgressReport* progress);
+  // How many rows PublishTable would publish: those of `tables` visible in
+  // `snapshot` after the group's position. nullopt (said in the log) when it
+  // cannot be counted: the work goes on without a total.
+  std::optional<uint64_t> CountUnprocessed(pg::Connection& conn,
+                                           const std::vector<OutboxTable>& tables,
+                                           const std::string& snapshot);
   Status WaitDelivered();
   void UpdateProgressTables();
   void DiscoveryLoop();
