@@ -43,6 +43,52 @@ size_t Count(const std::string& text, const std::string& needle) {
 
 class Failover : public RelayTest {};
 
+// A primary with the outbox table `table` and an asynchronous standby
+// streaming from it; `both` names the two, the read-write one taken.
+struct AsyncPair {
+  std::unique_ptr<ThrowawayPostgres> primary;
+  std::unique_ptr<ThrowawayPostgres> standby;
+  std::string both;
+
+  // Waits (30 s at most) until the standby replayed what the primary wrote so far.
+  bool StandbyHasAllWritten() const {
+    const std::string written =
+        Pg(primary->url()).Scalar("SELECT pg_current_wal_lsn()::text").value_or("");
+    return WaitFor(
+        [&] {
+          return Pg(standby->url())
+                     .Scalar("SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn", {written}) == "t";
+        },
+        seconds(30));
+  }
+};
+
+// `standby_config`: a line for the standby's configuration file (not the
+// command line, so that ALTER SYSTEM can change it later), or "".
+AsyncPair StartAsyncPair(int base, const std::string& table, const std::string& standby_config) {
+  const std::string common =
+      "-c wal_level=logical -c max_wal_senders=10 -c max_replication_slots=10 "
+      "-c hot_standby=on -c wal_keep_size=256MB";
+  AsyncPair pair;
+  pair.primary = std::make_unique<ThrowawayPostgres>(FreeLocalPort(base), common);
+  Pg(pair.primary->url()).Exec(OutboxTableDdl(table));
+  pair.primary->Stop("fast");
+  pair.standby = ThrowawayPostgres::StandbyOf(
+      *pair.primary, FreeLocalPort(pair.primary->port() + 1), common,
+      fmt::format("primary_conninfo = 'host=127.0.0.1 port={} user=postgres dbname=postgres'",
+                  pair.primary->port()));
+  if (!standby_config.empty()) pair.standby->AppendConfig(standby_config);
+  pair.primary->Start();
+  pair.standby->Start();
+  Pg pdb(pair.primary->url());
+  EXPECT_TRUE(WaitFor([&] { return pdb.Int("SELECT count(*) FROM pg_stat_replication") == 1; },
+                      seconds(60)));
+  pair.both = fmt::format(
+      "postgresql://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write",
+      pair.primary->port(), pair.standby->port());
+  return pair;
+}
+
 TEST_F(Failover, PrimaryCrashesUnderLoadAndTheStandbyIsPromoted) {
   const int major = TestPgVersion();
   const bool failover_slots = major >= 17;
@@ -246,30 +292,14 @@ TEST_F(Failover, PrimaryCrashesUnderLoadAndTheStandbyIsPromoted) {
 // (before the fix: the rows with a reused xid, e.g. 20 of 60). The
 // transactions the standby did receive are marked there, not sent again.
 TEST_F(Failover, MarksOfTransactionsGoneWithAnAsyncPromotionMarkNothingOnTheNewPrimary) {
-  const int base = 25700 + static_cast<int>(getpid() % 40);
-  const std::string common =
-      "-c wal_level=logical -c max_wal_senders=10 -c max_replication_slots=10 "
-      "-c hot_standby=on -c wal_keep_size=256MB";
-  ThrowawayPostgres primary(FreeLocalPort(base), common);
-  Pg pdb(primary.url());
-  pdb.Exec(OutboxTableDdl(name_));
-  primary.Stop("fast");
   // Read-only by default once promoted, so the relay (read-write only) comes
   // to it after the test has written there.
-  auto standby = ThrowawayPostgres::StandbyOf(
-      primary, FreeLocalPort(primary.port() + 1), common,
-      fmt::format("primary_conninfo = 'host=127.0.0.1 port={} user=postgres dbname=postgres'",
-                  primary.port()));
-  // In the file, not on the command line: ALTER SYSTEM turns it off later.
-  standby->AppendConfig("default_transaction_read_only = on");
-  primary.Start();
-  standby->Start();
-  pdb = Pg(primary.url());
-  ASSERT_TRUE(WaitFor([&] { return pdb.Int("SELECT count(*) FROM pg_stat_replication") == 1; },
-                      seconds(60)));
-  const std::string both = fmt::format(
-      "postgresql://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write",
-      primary.port(), standby->port());
+  AsyncPair pair = StartAsyncPair(25700 + static_cast<int>(getpid() % 40), name_,
+                                  "default_transaction_read_only = on");
+  ThrowawayPostgres& primary = *pair.primary;
+  auto& standby = pair.standby;
+  const std::string& both = pair.both;
+  Pg pdb(primary.url());
   RelayProcess& relay = StartRelay({}, {{"DATABASE_URL", both}});
   ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
 
@@ -284,13 +314,7 @@ TEST_F(Failover, MarksOfTransactionsGoneWithAnAsyncPromotionMarkNothingOnTheNewP
   int64_t seq = 0;
   std::vector<WrittenRow> before;
   for (int i = 0; i < 5; ++i) before.push_back(InsertRow(pdb, {.seq = ++seq, .offset = 1}));
-  const std::string flushed = pdb.Scalar("SELECT pg_current_wal_lsn()::text").value_or("");
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        return Pg(standby->url())
-                   .Scalar("SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn", {flushed}) == "t";
-      },
-      seconds(30)));
+  ASSERT_TRUE(pair.StandbyHasAllWritten());
   standby->Stop("fast");
 
   // The gone transactions: delivered and unmarked too.
@@ -356,26 +380,11 @@ TEST_F(Failover, MarksOfTransactionsGoneWithAnAsyncPromotionMarkNothingOnTheNewP
 // out the shutdown timeout and exit 1 with them unmarked (the fault campaign
 // met it when its final SIGTERM came just after a promotion).
 TEST_F(Failover, AStopRightAfterAPromotionMarksWhatTheTimelinesShare) {
-  const int base = 25800 + static_cast<int>(getpid() % 40);
-  const std::string common =
-      "-c wal_level=logical -c max_wal_senders=10 -c max_replication_slots=10 "
-      "-c hot_standby=on -c wal_keep_size=256MB";
-  ThrowawayPostgres primary(FreeLocalPort(base), common);
+  AsyncPair pair = StartAsyncPair(25800 + static_cast<int>(getpid() % 40), name_, "");
+  ThrowawayPostgres& primary = *pair.primary;
+  auto& standby = pair.standby;
+  const std::string& both = pair.both;
   Pg pdb(primary.url());
-  pdb.Exec(OutboxTableDdl(name_));
-  primary.Stop("fast");
-  auto standby = ThrowawayPostgres::StandbyOf(
-      primary, FreeLocalPort(primary.port() + 1), common,
-      fmt::format("primary_conninfo = 'host=127.0.0.1 port={} user=postgres dbname=postgres'",
-                  primary.port()));
-  primary.Start();
-  standby->Start();
-  pdb = Pg(primary.url());
-  ASSERT_TRUE(WaitFor([&] { return pdb.Int("SELECT count(*) FROM pg_stat_replication") == 1; },
-                      seconds(60)));
-  const std::string both = fmt::format(
-      "postgresql://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write",
-      primary.port(), standby->port());
   RelayProcess& relay =
       StartRelay({}, {{"DATABASE_URL", both}, {"OUTBOX_TEST_FAULT", "no-restream"}});
   ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
@@ -386,13 +395,7 @@ TEST_F(Failover, AStopRightAfterAPromotionMarksWhatTheTimelinesShare) {
   locker.Exec("LOCK TABLE outbox_relay.commits IN SHARE MODE");
   std::vector<WrittenRow> rows;
   for (int i = 0; i < 5; ++i) rows.push_back(InsertRow(pdb, {.seq = i + 1, .offset = 1}));
-  const std::string flushed = pdb.Scalar("SELECT pg_current_wal_lsn()::text").value_or("");
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        return Pg(standby->url())
-                   .Scalar("SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn", {flushed}) == "t";
-      },
-      seconds(30)));
+  ASSERT_TRUE(pair.StandbyHasAllWritten());
   ASSERT_TRUE(WaitFor([&] { return ReadTopics({.timeout = seconds(5)}).size() >= rows.size(); },
                       seconds(30)))
       << relay.LogTail();
