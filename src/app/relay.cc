@@ -805,7 +805,8 @@ int Relay::Shutdown(pipeline::StreamSession* session, bool failed) {
                     std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
   };
   bool drained = false;
-  bool followed = false;  // a promotion the marker met, followed by the stop itself
+  bool followed = false;      // a promotion the marker met, followed by the stop itself
+  bool follow_tried = false;  // one replication connection per stop, not one per wait
   if (!failed) {
     spdlog::info("stopping: flushing {} rows in flight", tracker_->rows_in_flight());
     // Flush sends what linger holds back; deliveries then drain the tracker
@@ -819,7 +820,10 @@ int Relay::Shutdown(pipeline::StreamSession* session, bool failed) {
     }
     while (!(drained = tracker_->WaitEmpty(milliseconds(200))) && !tracker_->failure() &&
            remaining() > milliseconds(0)) {
-      if (!followed) followed = FollowPromotionAtStop();
+      if (!follow_tried && marker_ && marker_->timeline_refused()) {
+        follow_tried = true;
+        followed = FollowPromotionAtStop();
+      }
       (void)publisher_->DeadLetterRefused(session);
       if (session != nullptr) {
         if (auto st = session->SendStatus(false); !st) session = nullptr;

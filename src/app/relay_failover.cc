@@ -62,7 +62,7 @@ Lsn SharedBelow(pg::Connection& repl, const pg::SystemIdentity& identity, uint32
 }  // namespace
 
 bool Relay::FollowPromotionAtStop() {
-  if (!marker_ || !marker_->timeline_refused() || timeline_ == 0) return false;
+  if (timeline_ == 0) return false;
   auto repl = pg::Connection::Open(config_.replication_url(), pg::Connection::Mode::kReplication,
                                    "outbox-relay", config_.pg_network);
   if (!repl) {

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <set>
 
@@ -508,30 +509,41 @@ Status WatermillTables::WaitDelivered() {
   return Ok();
 }
 
+namespace {
+
+// The rows the backfill publishes ($1 the snapshot, $2 and $3 the group's
+// position): visible in the snapshot and after the position, which means
+// "processed" to watermill-sql's subscriber.
+constexpr const char* kUnprocessedRows =
+    "pg_visible_in_snapshot(transaction_id, $1::pg_snapshot) "
+    "AND (transaction_id, \"offset\") > ($2::xid8, $3::bigint)";
+
+}  // namespace
+
+Result<std::array<std::optional<std::string>, 3>> WatermillTables::UnprocessedParams(
+    pg::Connection& conn, const OutboxTable& table, const std::string& snapshot) {
+  auto position = ReadPosition(conn, table, settings_.consumer_group);
+  if (!position) return std::unexpected(position.error());
+  // Without a position, every row.
+  outbox::TablePosition after = position->value_or(outbox::TablePosition{0, INT64_MIN});
+  return std::array<std::optional<std::string>, 3>{snapshot, std::to_string(after.transaction_id),
+                                                   std::to_string(after.offset)};
+}
+
 std::optional<uint64_t> WatermillTables::CountUnprocessed(pg::Connection& conn,
                                                           const std::vector<OutboxTable>& tables,
                                                           const std::string& snapshot) {
   uint64_t total = 0;
   for (const OutboxTable& table : tables) {
-    auto position = ReadPosition(conn, table, settings_.consumer_group);
-    Result<int64_t> n = std::unexpected(Error{});
-    if (!position) {
-      n = std::unexpected(position.error());
-    } else {
-      outbox::TablePosition after = position->value_or(outbox::TablePosition{0, INT64_MIN});
-      std::optional<std::string> params[] = {snapshot, std::to_string(after.transaction_id),
-                                             std::to_string(after.offset)};
+    auto n = [&]() -> Result<int64_t> {
+      auto params = UnprocessedParams(conn, table, snapshot);
+      if (!params) return std::unexpected(params.error());
       auto counted = conn.ExecParams(
-          fmt::format("SELECT count(*) FROM {} WHERE pg_visible_in_snapshot(transaction_id, "
-                      "$1::pg_snapshot) AND (transaction_id, \"offset\") > ($2::xid8, $3::bigint)",
-                      table.name.Quoted()),
-          params);
-      if (counted) {
-        n = pg::Rows(counted->get()).Int(0, 0);
-      } else {
-        n = std::unexpected(counted.error());
-      }
-    }
+          fmt::format("SELECT count(*) FROM {} WHERE {}", table.name.Quoted(), kUnprocessedRows),
+          *params);
+      if (!counted) return std::unexpected(counted.error());
+      return pg::Rows(counted->get()).Int(0, 0);
+    }();
     if (!n) {
       spdlog::warn("backfill: counting the rows of {} to publish: {}; going on without a total",
                    table.name.ToString(), n.error().message);
@@ -545,18 +557,12 @@ std::optional<uint64_t> WatermillTables::CountUnprocessed(pg::Connection& conn,
 Status WatermillTables::PublishTable(pg::Connection& conn, const OutboxTable& table,
                                      const std::string& snapshot, uint64_t bound_xid,
                                      uint64_t* rows, ProgressReport* progress) {
-  auto position = ReadPosition(conn, table, settings_.consumer_group);
-  if (!position) return std::unexpected(position.error());
-  // The group's position: rows after it are not processed (watermill-sql's
-  // rule); without one, every row.
-  outbox::TablePosition after = position->value_or(outbox::TablePosition{0, INT64_MIN});
-  std::string sql = fmt::format(
-      "SELECT * FROM {} WHERE pg_visible_in_snapshot(transaction_id, $1::pg_snapshot) "
-      "AND (transaction_id, \"offset\") > ($2::xid8, $3::bigint) "
-      "ORDER BY transaction_id, \"offset\" LIMIT {}",
-      table.name.Quoted(), options_.backfill_batch);
-  std::optional<std::string> params[] = {snapshot, std::to_string(after.transaction_id),
-                                         std::to_string(after.offset)};
+  auto unprocessed = UnprocessedParams(conn, table, snapshot);
+  if (!unprocessed) return std::unexpected(unprocessed.error());
+  auto& params = *unprocessed;
+  std::string sql =
+      fmt::format("SELECT * FROM {} WHERE {} ORDER BY transaction_id, \"offset\" LIMIT {}",
+                  table.name.Quoted(), kUnprocessedRows, options_.backfill_batch);
   pgoutput::TupleData tuple;
   while (!stop_->requested()) {
     stats_->Beat();

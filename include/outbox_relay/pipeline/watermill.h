@@ -64,6 +64,7 @@
 // own connection; it only sets end_requested).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -188,6 +189,11 @@ class WatermillTables {
   // `progress` (may be null) is updated once a page with `*rows`.
   Status PublishTable(pg::Connection& conn, const OutboxTable& table, const std::string& snapshot,
                       uint64_t bound_xid, uint64_t* rows, ProgressReport* progress);
+  // The parameters of kUnprocessedRows for `table` (watermill.cc): the
+  // snapshot and the group's position.
+  Result<std::array<std::optional<std::string>, 3>> UnprocessedParams(pg::Connection& conn,
+                                                                      const OutboxTable& table,
+                                                                      const std::string& snapshot);
   // How many rows PublishTable would publish: those of `tables` visible in
   // `snapshot` after the group's position. nullopt (said in the log) when it
   // cannot be counted: the work goes on without a total.
