@@ -6,6 +6,7 @@
 #include <charconv>
 #include <future>
 
+#include "outbox_relay/pg/replication.h"
 #include "outbox_relay/pg/rows.h"
 
 namespace outbox_relay::marker {
@@ -239,6 +240,7 @@ void Marker::Loop() {
       tracker_->TakeDelivered(&batch, options_.batch_max, std::chrono::milliseconds(0));
     }
     if (batch.empty()) {
+      ReadStandbys();
       if (options_.progress != nullptr) {
         Status st = lanes_[0].conn ? Ok() : Connect(0);
         if (st) st = options_.progress->Idle(*lanes_[0].conn);
@@ -318,6 +320,7 @@ void Marker::Loop() {
     backoff = std::chrono::milliseconds(100);
     last_rows = rows_of(batch);
     tracker_->OnMarked(marked);
+    ReadStandbys();
     Report(Ok());
     if (not_visible.empty()) {
       waiting_since = {};
@@ -339,6 +342,30 @@ void Marker::Loop() {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+}
+
+void Marker::ReadStandbys() {
+  tracking::StandbyMarks& marks = tracker_->standby_marks();
+  if (!marks.enabled() || !lanes_[0].conn) return;
+  const auto now = std::chrono::steady_clock::now();
+  const auto every = marks.size() > 0 ? std::chrono::milliseconds(100) : std::chrono::seconds(1);
+  if (now - standbys_read_ < every) return;
+  standbys_read_ = now;
+  auto read = pg::ReadStandbyPositions(*lanes_[0].conn);
+  if (!read) {
+    spdlog::debug("marker: where the standbys are was not read: {}", read.error().message);
+    return;
+  }
+  if (read->unknown > 0 && !standbys_unknown_said_) {
+    standbys_unknown_said_ = true;
+    spdlog::warn(
+        "marker: {} standbys' positions are hidden from this role (grant it pg_read_all_stats): "
+        "exactly-once keeps every mark in its progress record until its bound, so that a "
+        "promoted standby does not publish marked rows again",
+        read->unknown);
+  }
+  marks.Read(tracking::StandbyPositions{
+      .written = read->written, .lowest = read->lowest, .unknown = read->unknown > 0});
 }
 
 void Marker::Report(const Status& round) {

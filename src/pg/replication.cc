@@ -61,6 +61,33 @@ Result<SlotInfo> QuerySlot(Connection& conn, std::string_view slot) {
   return info;
 }
 
+Result<StandbyPositions> ReadStandbyPositions(Connection& conn) {
+  // A walsender's positions are NULL to a role without pg_read_all_stats
+  // (its state too), and while it sends a base backup (state 'backup').
+  static constexpr const char* kSql =
+      "WITH senders AS ("
+      " SELECT r.state, r.flush_lsn FROM pg_stat_replication r"
+      " WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots s"
+      "  WHERE s.active_pid = r.pid AND s.slot_type = 'logical'))"
+      " SELECT pg_current_wal_insert_lsn()::text,"
+      " (SELECT min(lsn)::text FROM ("
+      "   SELECT flush_lsn AS lsn FROM senders WHERE flush_lsn IS NOT NULL"
+      "   UNION ALL SELECT restart_lsn FROM pg_replication_slots"
+      "   WHERE slot_type = 'physical' AND restart_lsn IS NOT NULL"
+      "   AND wal_status IS DISTINCT FROM 'lost') p),"
+      " (SELECT count(*) FROM senders WHERE flush_lsn IS NULL"
+      "  AND state IS DISTINCT FROM 'backup')::text";
+  auto res = conn.Exec(kSql);
+  if (!res) return std::unexpected(res.error());
+  PGresult* r = res->get();
+  StandbyPositions out;
+  out.written = ParseLsnOrZero(GetValue(r, 0, 0));
+  if (auto lowest = GetValue(r, 0, 1)) out.lowest = ParseLsnOrZero(lowest);
+  std::string_view unknown = GetValue(r, 0, 2).value_or("0");
+  std::from_chars(unknown.data(), unknown.data() + unknown.size(), out.unknown);
+  return out;
+}
+
 std::string DescribeInvalidation(const SlotInfo& slot) {
   const std::string& reason = slot.invalidation_reason;
   if (reason == "wal_removed" || (reason.empty() && slot.wal_status == "lost")) {

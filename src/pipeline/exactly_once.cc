@@ -13,7 +13,9 @@ using std::chrono::milliseconds;
 }  // namespace
 
 ExactlyOnce::ExactlyOnce(TransactionOptions options, Parts parts)
-    : options_(options), parts_(std::move(parts)), sink_(parts_.sink), tracker_(parts_.tracker) {}
+    : options_(options), parts_(std::move(parts)), sink_(parts_.sink), tracker_(parts_.tracker) {
+  tracker_->standby_marks().Enable();
+}
 
 ExactlyOnce::~ExactlyOnce() {
   giving_up_.store(true);
@@ -98,6 +100,11 @@ Status ExactlyOnce::Trust(const std::optional<std::string>& value, const Progres
     if (!t) return std::unexpected(t.error());
     if (!note.empty()) spdlog::warn("exactly-once: {}", note);
     trusted = std::move(*t);
+  }
+  // Marks kept for the standbys of rows the server's history no longer has
+  // (a promotion): their (transaction_id, offset) may name new rows there.
+  if (facts_.history.timeline != 0 && facts.history != facts_.history) {
+    tracker_->standby_marks().KeepBelow(DivergencePoint(facts_.history, facts.history));
   }
   facts_ = facts;
   committed_ = std::move(trusted);
@@ -383,12 +390,17 @@ void ExactlyOnce::BuildRecord() {
   p.complete = pending_.complete;
   p.backfill = pending_.backfill;
   p.unmarked.Clear();
+  tracking::StandbyMarks& standby_marks = tracker_->standby_marks();
   // The rows a record read at start listed as unmarked stay listed until they
   // are surely marked: no backfill pending (the backfill marks those it finds
   // held), and the slot confirmed past them (the slot sent them again, and
-  // they were marked before it was confirmed).
+  // they were marked before it was confirmed). Then as marks a standby may
+  // not have yet.
   if (!committed_.unmarked.empty() && !backfill_snapshot_ &&
       tracker_->confirmed() > committed_.unmarked.max_lsn()) {
+    for (const HeldRun& run : committed_.unmarked.runs()) {
+      standby_marks.Keep(run.final_lsn, {run.transaction_id, run.first, run.last});
+    }
     committed_.unmarked.Clear();
   }
   for (const HeldRun& run : committed_.unmarked.runs()) p.unmarked.Add(run);
@@ -399,6 +411,12 @@ void ExactlyOnce::BuildRecord() {
     for (const tracking::RowRange& r : tx.row_ranges) {
       p.unmarked.Add(HeldRun{lsn, r.transaction_id, r.first, r.last});
     }
+  });
+  // Marked rows an asynchronous standby may still show unmarked: listed
+  // last, so that past the bound they are the ones forgotten.
+  standby_marks.DateBackfilled(backfilled_before);
+  standby_marks.ForEach([&](Lsn lsn, const tracking::RowRange& r) {
+    p.unmarked.Add(HeldRun{lsn, r.transaction_id, r.first, r.last});
   });
   progress_value_ = EncodeProgress(record_);
 }

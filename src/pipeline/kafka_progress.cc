@@ -110,8 +110,8 @@ bool HeldRows::Contains(uint64_t transaction_id, int64_t offset) const {
     --it;
     if (it->transaction_id != transaction_id) return false;
     if (offset <= it->last) return true;
-    // Runs of one transaction_id do not overlap: an earlier one ends earlier.
-    return false;
+    // A run listed twice (its rows unmarked in one place, kept for the
+    // standbys in another) may overlap a longer one that starts earlier.
   }
   return false;
 }

@@ -234,10 +234,13 @@ void AckTracker::WaitDelivered(size_t count, std::chrono::milliseconds timeout) 
 }
 
 void AckTracker::OnMarked(const std::vector<Transaction*>& txs) {
+  const bool keep = standby_marks_.keeping();
   std::lock_guard lock(mu_);
   for (Transaction* tx : txs) {
     tx->marked = true;
     --awaiting_mark_;
+    if (!keep) continue;
+    for (const RowRange& run : tx->row_ranges) standby_marks_.Keep(tx->final_lsn, run);
   }
   AdvanceLocked();
   progress_.notify_all();

@@ -46,6 +46,83 @@ class ExactlyOnceHistory : public RelayTest {
     EXPECT_EQ(r.duplicates, 0u) << r.Samples();
     return r;
   }
+
+  // A primary with the test's tables and an asynchronous standby that
+  // streams from it through the physical slot standby1_slot; `both` reaches
+  // whichever of them is writable. No standby when it does not stream.
+  struct Promotable {
+    std::unique_ptr<ThrowawayPostgres> primary;
+    std::unique_ptr<ThrowawayPostgres> standby;
+    std::string both;
+  };
+  Promotable StartPromotable(int base) {
+    const std::string common =
+        "-c wal_level=logical -c max_wal_senders=10 -c max_replication_slots=10 "
+        "-c hot_standby=on -c wal_keep_size=512MB";
+    Promotable out;
+    out.primary = std::make_unique<ThrowawayPostgres>(
+        FreeLocalPort(base + static_cast<int>(getpid() % 40)), common);
+    ThrowawayPostgres& primary = *out.primary;
+    {
+      Pg pdb(primary.url());
+      pdb.Exec("SELECT pg_create_physical_replication_slot('standby1_slot')");
+      pdb.Exec(OutboxTableDdl(name_));
+      pdb.Exec(fmt::format("CREATE TABLE {} (id BIGSERIAL PRIMARY KEY, note TEXT)",
+                           QuoteIdent(other_table_)));
+    }
+    primary.Stop("fast");
+    auto standby = ThrowawayPostgres::StandbyOf(
+        primary, FreeLocalPort(primary.port() + 1), common + " -c hot_standby_feedback=on",
+        fmt::format("primary_conninfo = 'host=127.0.0.1 port={} user=postgres dbname=postgres "
+                    "application_name=standby1'\nprimary_slot_name = 'standby1_slot'",
+                    primary.port()));
+    primary.Start();
+    standby->Start();
+    db_ = std::make_unique<Pg>(primary.url());
+    if (!WaitFor(
+            [&] {
+              return db_->Int(
+                         "SELECT count(*) FROM pg_stat_replication WHERE application_name = "
+                         "'standby1' AND state = 'streaming'") == 1;
+            },
+            seconds(60))) {
+      ADD_FAILURE() << "the standby does not stream; see " << standby->dir() << "/postgres.log";
+      return out;
+    }
+    out.both = fmt::format(
+        "postgresql://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write",
+        primary.port(), standby->port());
+    out.standby = std::move(standby);
+    return out;
+  }
+  // Waits until the standby has replayed everything the primary wrote so far.
+  bool StandbyCaughtUp(ThrowawayPostgres& standby) {
+    std::string primary_end = db_->Scalar("SELECT pg_current_wal_lsn()::text").value_or("");
+    return WaitFor(
+        [&] {
+          Pg sdb(standby.url());
+          return sdb.Scalar("SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn", {primary_end}) ==
+                 std::optional<std::string>("t");
+        },
+        seconds(60));
+  }
+  // The records of the rows in `gone` (published before a promotion, gone
+  // from the database with the old timeline) are counted and left out.
+  std::vector<KafkaRecord> WithoutGone(const Ledger& gone, size_t* gone_published) {
+    std::set<std::string> gone_uuids;
+    for (const WrittenRow& w : gone.committed()) gone_uuids.insert(w.uuid);
+    std::vector<KafkaRecord> records;
+    *gone_published = 0;
+    for (KafkaRecord& r : Committed()) {
+      const KafkaHeader* uuid = r.FindHeader("_watermill_message_uuid");
+      if (uuid != nullptr && uuid->value && gone_uuids.contains(*uuid->value)) {
+        ++*gone_published;
+        continue;
+      }
+      records.push_back(std::move(r));
+    }
+    return records;
+  }
 };
 
 // #1. The relay publishes up to 0/X on timeline 1; the asynchronous standby
@@ -54,38 +131,11 @@ class ExactlyOnceHistory : public RelayTest {
 // published up to. fb76bda took them as already in Kafka, marked them and
 // never produced them (50 of 50 rows lost).
 TEST_F(ExactlyOnceHistory, NewRowsOfAPromotedAsyncStandbyAreNotTakenAsAlreadyInKafka) {
-  const std::string common =
-      "-c wal_level=logical -c max_wal_senders=10 -c max_replication_slots=10 "
-      "-c hot_standby=on -c wal_keep_size=512MB";
-  ThrowawayPostgres primary(FreeLocalPort(25700 + static_cast<int>(getpid() % 40)), common);
-  {
-    Pg pdb(primary.url());
-    pdb.Exec("SELECT pg_create_physical_replication_slot('standby1_slot')");
-    pdb.Exec(OutboxTableDdl(name_));
-    pdb.Exec(fmt::format("CREATE TABLE {} (id BIGSERIAL PRIMARY KEY, note TEXT)",
-                         QuoteIdent(other_table_)));
-  }
-  primary.Stop("fast");
-  auto standby = ThrowawayPostgres::StandbyOf(
-      primary, FreeLocalPort(primary.port() + 1), common + " -c hot_standby_feedback=on",
-      fmt::format("primary_conninfo = 'host=127.0.0.1 port={} user=postgres dbname=postgres "
-                  "application_name=standby1'\nprimary_slot_name = 'standby1_slot'",
-                  primary.port()));
-  primary.Start();
-  standby->Start();
-  db_ = std::make_unique<Pg>(primary.url());
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        return db_->Int(
-                   "SELECT count(*) FROM pg_stat_replication WHERE application_name = "
-                   "'standby1' AND state = 'streaming'") == 1;
-      },
-      seconds(60)))
-      << "the standby does not stream; see " << standby->dir() << "/postgres.log";
-  const std::string both = fmt::format(
-      "postgresql://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write",
-      primary.port(), standby->port());
-  RelayProcess& relay = StartRelay(Eos(), {{"DATABASE_URL", both}});
+  Promotable pair = StartPromotable(25700);
+  ASSERT_TRUE(pair.standby) << "the standby does not stream";
+  ThrowawayPostgres& primary = *pair.primary;
+  std::unique_ptr<ThrowawayPostgres>& standby = pair.standby;
+  RelayProcess& relay = StartRelay(Eos(), {{"DATABASE_URL", pair.both}});
   ASSERT_TRUE(WaitStreaming(relay, seconds(60))) << relay.LogTail();
 
   WorkloadOptions on_primary = Workload();
@@ -96,14 +146,7 @@ TEST_F(ExactlyOnceHistory, NewRowsOfAPromotedAsyncStandbyAreNotTakenAsAlreadyInK
     for (int i = 0; i < 20; ++i) ASSERT_TRUE(writer.Transaction({.rows = 5}));
   }
   ASSERT_EQ(WaitAllAcked(seconds(60)), 0) << DescribeUnacked();
-  std::string primary_end = db_->Scalar("SELECT pg_current_wal_lsn()::text").value_or("");
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        Pg sdb(standby->url());
-        return sdb.Scalar("SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn", {primary_end}) ==
-               std::optional<std::string>("t");
-      },
-      seconds(60)));
+  ASSERT_TRUE(StandbyCaughtUp(*standby));
   // From here the standby receives nothing: asynchronous, and behind.
   standby->Stop("fast");
   Ledger gone;  // only the old timeline has these: published, then lost with it
@@ -133,29 +176,92 @@ TEST_F(ExactlyOnceHistory, NewRowsOfAPromotedAsyncStandbyAreNotTakenAsAlreadyInK
   relay.Terminate();
   EXPECT_EQ(relay.Wait(seconds(40)), std::optional<int>(0)) << relay.LogTail();
 
-  std::set<std::string> gone_uuids;
-  for (const WrittenRow& w : gone.committed()) gone_uuids.insert(w.uuid);
-  std::vector<KafkaRecord> records;
   size_t gone_published = 0;
-  for (KafkaRecord& r : Committed()) {
-    const KafkaHeader* uuid = r.FindHeader("_watermill_message_uuid");
-    if (uuid != nullptr && uuid->value && gone_uuids.contains(*uuid->value)) {
-      ++gone_published;  // published before the failover, gone from the database with it
-      continue;
-    }
-    records.push_back(std::move(r));
-  }
+  std::vector<KafkaRecord> records = WithoutGone(gone, &gone_published);
   std::vector<WrittenRow> truth = shared.committed();
   for (const WrittenRow& w : fresh.committed()) truth.push_back(w);
-  EXPECT_EQ(gone_published, gone_uuids.size());
+  EXPECT_EQ(gone_published, gone.committed().size());
   fmt::print(
       "promotion: {} rows both timelines share, {} on the lost timeline only, {} new on "
       "the promoted one\n",
-      shared.committed().size(), gone_uuids.size(), fresh.committed().size());
+      shared.committed().size(), gone.committed().size(), fresh.committed().size());
   Check(truth, records, "after the promotion of an asynchronous standby");
   EXPECT_NE(relay.Log().find("trusted below"), std::string::npos)
       << "the relay did not judge the progress against the new history:\n"
       << relay.LogTail(60);
+}
+
+// After #1: rows an asynchronous standby has, whose marks it does not have
+// when it is promoted. The relay published and marked them on the primary
+// while the standby was away (stopped; its physical slot kept its place);
+// later Kafka transactions' progress records no longer listed them as
+// unmarked. The promoted server shows them unmarked, its slot is made anew
+// (PostgreSQL 15 keeps no logical slot on a standby), and the backfill met
+// them: published twice (150 duplicates of 150 before the standby marks).
+TEST_F(ExactlyOnceHistory, RowsAPromotedStandbyShowsUnmarkedButKafkaHoldsAreNotPublishedAgain) {
+  Promotable pair = StartPromotable(25760);
+  ASSERT_TRUE(pair.standby) << "the standby does not stream";
+  ThrowawayPostgres& primary = *pair.primary;
+  ThrowawayPostgres& standby = *pair.standby;
+  RelayProcess& relay = StartRelay(Eos(), {{"DATABASE_URL", pair.both}});
+  ASSERT_TRUE(WaitStreaming(relay, seconds(60))) << relay.LogTail();
+
+  WorkloadOptions on_primary = Workload();
+  on_primary.database_url = primary.url();
+  // The relay waits while the rows are written and the standby takes them:
+  // the standby has the rows, and none of their marks.
+  relay.Pause();
+  Ledger shared;
+  {
+    Writer writer(on_primary, &shared, -1, 371);
+    for (int i = 0; i < 30; ++i) ASSERT_TRUE(writer.Transaction({.rows = 5}));
+  }
+  ASSERT_TRUE(StandbyCaughtUp(standby));
+  standby.Stop("fast");
+  relay.Resume();
+  ASSERT_EQ(WaitAllAcked(seconds(60)), 0) << DescribeUnacked();
+  // More Kafka transactions after the marks: their progress records are the
+  // last ones the promoted server's relay reads.
+  Ledger gone;
+  {
+    Writer writer(on_primary, &gone, -1, 372);
+    for (int i = 0; i < 20; ++i) ASSERT_TRUE(writer.Transaction({.rows = 2}));
+  }
+  ASSERT_EQ(WaitAllAcked(seconds(60)), 0) << DescribeUnacked();
+  const size_t sessions = CountOccurrences(relay.Log(), "streaming from slot");
+  primary.Stop("immediate");
+  standby.Start();
+  {
+    Pg sdb(standby.url());  // a hot standby still: read-only, as the relay cannot use it
+    ASSERT_EQ(sdb.Int(fmt::format("SELECT count(*) FROM {} WHERE offset_acked IS NULL",
+                                  QuoteIdent(name_))),
+              static_cast<int64_t>(shared.committed().size()))
+        << "the standby should show every shared row unmarked";
+  }
+  standby.Promote();
+  db_ = std::make_unique<Pg>(standby.url());
+  ASSERT_TRUE(
+      WaitFor([&] { return CountOccurrences(relay.Log(), "streaming from slot") > sessions; },
+              seconds(120)))
+      << "the relay did not stream from the promoted standby:\n"
+      << relay.LogTail(60);
+  WorkloadOptions on_standby = Workload();
+  on_standby.database_url = standby.url();
+  Ledger fresh;
+  {
+    Writer writer(on_standby, &fresh, -1, 373);
+    for (int i = 0; i < 20; ++i) ASSERT_TRUE(writer.Transaction({.rows = 1}));
+  }
+  EXPECT_EQ(WaitAllAcked(seconds(120)), 0) << DescribeUnacked();
+  relay.Terminate();
+  EXPECT_EQ(relay.Wait(seconds(40)), std::optional<int>(0)) << relay.LogTail();
+
+  size_t gone_published = 0;
+  std::vector<KafkaRecord> records = WithoutGone(gone, &gone_published);
+  EXPECT_EQ(gone_published, gone.committed().size());
+  std::vector<WrittenRow> truth = shared.committed();
+  for (const WrittenRow& w : fresh.committed()) truth.push_back(w);
+  Check(truth, records, "after promoting a standby without the last marks");
 }
 
 // #2. Two relays of different databases given the same --transactional-id.

@@ -183,6 +183,10 @@ class Marker {
   // Where `batch` is cut into two statements' halves; 0 when it is one
   // statement.
   size_t SplitPoint(const std::vector<tracking::Transaction*>& batch);
+  // Exactly-once: reads where the server's standbys are, after marks
+  // committed, for the tracker's standby marks: at most every 100 ms while
+  // marks are kept, every second otherwise. A failed read changes nothing.
+  void ReadStandbys();
 
   MarkerOptions options_;
   tracking::AckTracker* tracker_;
@@ -208,6 +212,8 @@ class Marker {
   // No commit of this slot above it is in the commit index, but for another
   // instance's (see MarkSql): read when connecting, raised by each statement.
   Lsn indexed_through_;
+  std::chrono::steady_clock::time_point standbys_read_{};  // ReadStandbys' last read
+  bool standbys_unknown_said_ = false;
 };
 
 }  // namespace outbox_relay::marker

@@ -49,6 +49,16 @@ Result<SlotInfo> QuerySlot(Connection& conn, std::string_view slot);
 // (invalidation_reason on 17+, wal_status before).
 std::string DescribeInvalidation(const SlotInfo& slot);
 
+// Where the physical standbys of a primary are (tracking::StandbyMarks):
+// every walsender that is not a logical slot's reports what its standby has
+// flushed, and every physical slot keeps the WAL its standby still needs.
+struct StandbyPositions {
+  Lsn written;                // pg_current_wal_insert_lsn() at the read
+  std::optional<Lsn> lowest;  // the lowest of those positions; nullopt: no standby
+  int unknown = 0;            // walsenders whose position this role cannot read
+};
+Result<StandbyPositions> ReadStandbyPositions(Connection& conn);
+
 // IDENTIFY_SYSTEM on a replication connection: the cluster and the timeline
 // it writes. A promoted standby writes a new timeline: positions a client
 // confirmed on the old primary beyond the fork point mean nothing there.

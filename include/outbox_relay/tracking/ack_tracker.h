@@ -37,6 +37,7 @@
 #include "outbox_relay/core/failpoint.h"
 #include "outbox_relay/core/lsn.h"
 #include "outbox_relay/core/pg_time.h"
+#include "outbox_relay/tracking/standby_marks.h"
 
 namespace outbox_relay::tracking {
 
@@ -160,6 +161,7 @@ class AckTracker {
   // Waits up to `timeout` until `count` more transactions are delivered than
   // the marker has taken, or Wake is called; moves nothing.
   void WaitDelivered(size_t count, std::chrono::milliseconds timeout);
+  // Their rows are also kept among the standby marks while those keep any.
   void OnMarked(const std::vector<Transaction*>& txs);
   // `txs` cannot be marked on the server the marker reaches (another
   // timeline: a promoted standby, where their transaction ids may name other
@@ -213,6 +215,8 @@ class AckTracker {
   // the marker ended its wait for more transactions each time: in
   // exactly-once mode a statement every ~20 ms instead of every 200.)
   void Notify();
+  // Exactly-once: the marked rows a standby may not have the marks of yet.
+  StandbyMarks& standby_marks() { return standby_marks_; }
 
  private:
   void Complete(Transaction* tx);                // pending reached 0
@@ -239,6 +243,7 @@ class AckTracker {
   // wal_end of a keepalive between transactions that came while some were in
   // flight: confirmed once they all are (0: none). Guarded by mu_.
   uint64_t follow_when_drained_ = 0;
+  StandbyMarks standby_marks_;
 };
 
 }  // namespace outbox_relay::tracking

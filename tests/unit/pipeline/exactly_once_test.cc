@@ -76,10 +76,13 @@ void ExpectEachOnce(const std::vector<fakes::Produced>& committed,
 // `start` to the end of the recording, and stops gracefully. Stepped on a
 // manual clock; `paced`: one message per millisecond, so that Kafka
 // transactions (a 5 ms interval), marks and confirmations interleave.
+// `standby_rounds`: the primary has a standby with the marks of that many
+// mark rounds (FakeMarker::SetStandby).
 void RunProcess(FakeKafka* kafka, const FakeWalSender& wal, Lsn start, int64_t max_rows,
                 const ProgressFacts& facts = Facts(), Journal* journal = nullptr,
-                bool paced = false) {
+                bool paced = false, std::optional<uint64_t> standby_rounds = std::nullopt) {
   Pipeline p(Pipeline::Stepped{}, Pipeline::DefaultOptions(), start, kafka, Txn(max_rows), journal);
+  p.marker().SetStandby(standby_rounds);
   ASSERT_TRUE(p.StartTransactions(facts));
   if (paced) {
     fakes::FakeSource& source = p.Open({});
@@ -467,6 +470,118 @@ TEST(ExactlyOnce, TheProgressListsTheRowsKafkaHoldsUntilTheyAreMarked) {
   for (const HeldRun& run : record->progress.unmarked.runs()) {
     EXPECT_GT(run.final_lsn, first_part_end) << "a marked row still listed";
   }
+}
+
+// Issue 36: a promotion of an asynchronous standby that has every row but not
+// the last marks. The table there shows rows unmarked that Kafka holds; its
+// slot is made anew and the backfill meets them. They are still in the
+// progress record's unmarked rows: marks are kept there until the primary's
+// standbys have them (tracking::StandbyMarks).
+DurableState PromotedStandby(const FakeWalSender& wal, std::optional<uint64_t> standby_rounds,
+                             size_t* rounds) {
+  Journal journal;
+  FakeKafka kafka("relay.progress", &journal);
+  kafka.set_key(kKey);
+  RunProcess(&kafka, wal, Lsn(1), 2, Facts(), &journal, /*paced=*/true, standby_rounds);
+  // Kafka as it is; the table as the standby has it: the marks of the first
+  // rounds only.
+  DurableState state;
+  *rounds = 0;
+  for (const fakes::Durable& d : journal.events()) {
+    if (d.kind == fakes::Durable::Kind::kCommit) {
+      state.committed.insert(state.committed.end(), d.records.begin(), d.records.end());
+      if (d.progress) state.progress = d.progress;
+    } else if (d.kind == fakes::Durable::Kind::kMark && (*rounds)++ < standby_rounds.value_or(1)) {
+      state.marked.insert(state.marked.end(), d.marked.begin(), d.marked.end());
+    }
+  }
+  return state;
+}
+
+// The backfill on the promoted standby: timeline 2, forked after the last
+// transaction (before the marks' WAL), a new slot. What Kafka holds in the end.
+std::vector<fakes::Produced> BackfillOnThePromotedStandby(const FakeWalSender& wal,
+                                                          const DurableState& state) {
+  FakeKafka kafka("relay.progress");
+  kafka.set_key(kKey);
+  kafka.Restore(state);
+  {
+    Pipeline p(&kafka, Txn(2), LastEnd(wal));
+    EXPECT_TRUE(p.StartTransactions(Facts(WalHistory{2, {{1, LastEnd(wal)}}}, "0/FFFF0000")));
+    Backfill(p, TableRows(wal), state);
+  }
+  return kafka.committed();
+}
+
+TEST(ExactlyOnce, APromotedStandbyLackingTheLastMarksBackfillsNothingKafkaHolds) {
+  FakeWalSender wal = FakeWalSender::Recorded();
+  const std::vector<std::string> uuids = RecordedUuids(wal);
+  size_t rounds = 0;
+  DurableState standby = PromotedStandby(wal, /*standby_rounds=*/1, &rounds);
+  ASSERT_GE(rounds, 3u) << "too few mark rounds for a standby to lag behind";
+  ASSERT_EQ(Copies(standby.committed).size(), uuids.size());
+  size_t unmarked_there = 0;
+  for (const TableRow& row : TableRows(wal)) {
+    if (!standby.Marked(row.transaction_id, row.offset)) ++unmarked_there;
+  }
+  ASSERT_GT(unmarked_there, 0u) << "the standby lacks no mark: the test proves nothing";
+  ExpectEachOnce(BackfillOnThePromotedStandby(wal, standby), uuids,
+                 fmt::format("a standby with 1 of {} mark rounds, {} rows unmarked there", rounds,
+                             unmarked_there));
+}
+
+// The same when the primary knows of no standby (it has none, or one it
+// cannot see: stopped, without a physical slot): the rows marked after the
+// last Kafka commit's record are published again. Shows the test above would
+// see the duplicates.
+TEST(ExactlyOnce, WithoutTheStandbysPositionItsUnmarkedRowsWouldComeTwice) {
+  FakeWalSender wal = FakeWalSender::Recorded();
+  size_t rounds = 0;
+  DurableState standby = PromotedStandby(wal, std::nullopt, &rounds);
+  auto copies = Copies(BackfillOnThePromotedStandby(wal, standby));
+  size_t twice = 0;
+  for (const auto& [uuid, n] : copies) twice += n > 1 ? 1 : 0;
+  EXPECT_GT(twice, 0u);
+}
+
+TEST(StandbyMarks, AMarkIsKeptUntilEveryStandbyHasItAndNothingWithoutStandbys) {
+  tracking::StandbyMarks marks;
+  marks.Keep(Lsn(0x10), {7, 0, 3});
+  EXPECT_EQ(marks.size(), 0u) << "kept before exactly-once enabled it";
+  marks.Enable();
+  marks.Keep(Lsn(0x10), {7, 0, 3});
+  marks.Keep(Lsn(0x20), {8, 0, 0});
+  // Read at 0x100: both marks are below it; the standby has WAL below 0x80.
+  marks.Read({.written = Lsn(0x100), .lowest = Lsn(0x80)});
+  EXPECT_EQ(marks.size(), 2u);
+  marks.Keep(kInvalidLsn, {9, 0, 0});  // a backfilled row
+  marks.Read({.written = Lsn(0x200), .lowest = Lsn(0x100)});
+  EXPECT_EQ(marks.size(), 1u) << "the standby has the first two marks";
+  marks.Read({.written = Lsn(0x300), .lowest = Lsn(0x100), .unknown = true});
+  EXPECT_EQ(marks.size(), 1u) << "a standby whose position is hidden keeps every mark";
+  marks.DateBackfilled(Lsn(0x50));
+  std::vector<Lsn> dated;
+  marks.ForEach([&](Lsn lsn, const tracking::RowRange&) { dated.push_back(lsn); });
+  EXPECT_EQ(dated, std::vector<Lsn>{Lsn(0x50)});
+  marks.KeepBelow(Lsn(0x50));
+  EXPECT_EQ(marks.size(), 0u) << "a row of a timeline the server left is forgotten";
+  marks.Keep(Lsn(0x60), {10, 0, 0});
+  marks.Read({.written = Lsn(0x400), .lowest = std::nullopt});
+  EXPECT_EQ(marks.size(), 0u) << "no standby: nothing to keep";
+  EXPECT_FALSE(marks.keeping());
+  marks.Keep(Lsn(0x70), {11, 0, 0});
+  EXPECT_EQ(marks.size(), 0u);
+}
+
+TEST(KafkaProgress, AHeldRunListedTwiceStillHoldsEveryRowOfTheLongerOne) {
+  HeldRows rows;
+  rows.Add(HeldRun{Lsn(0x10), 5, 0, 9});
+  rows.Add(HeldRun{Lsn(0x20), 6, 0, 0});
+  rows.Add(HeldRun{Lsn(0x10), 5, 3, 4});  // the same transaction's rows, listed again
+  for (int64_t offset = 0; offset <= 9; ++offset) {
+    EXPECT_TRUE(rows.Contains(5, offset)) << offset;
+  }
+  EXPECT_FALSE(rows.Contains(5, 10));
 }
 
 }  // namespace

@@ -365,6 +365,13 @@ class FakeMarker {
     std::lock_guard lock(mu_);
     return marked_;
   }
+  // The primary's standbys as the real marker reads them after each round
+  // (tracking::StandbyMarks), with the WAL counted in mark rounds: a standby
+  // that has the marks of the first `rounds` rounds only; nullopt (the
+  // default): the primary has no standby.
+  void SetStandby(std::optional<uint64_t> rounds) {
+    standby_rounds_ = rounds ? static_cast<int64_t>(*rounds) : -1;
+  }
 
  private:
   void Mark(const std::vector<tracking::Transaction*>& batch) {
@@ -382,9 +389,17 @@ class FakeMarker {
       if (journal_ != nullptr) journal_->Add(std::move(d));
     }
     tracker_->OnMarked(batch);
+    const uint64_t round = ++rounds_;
+    const int64_t standby = standby_rounds_;
+    tracker_->standby_marks().Read(tracking::StandbyPositions{
+        .written = Lsn(round),
+        .lowest =
+            standby >= 0 ? std::optional<Lsn>(Lsn(static_cast<uint64_t>(standby))) : std::nullopt});
   }
 
   tracking::AckTracker* tracker_;
+  std::atomic<uint64_t> rounds_{0};
+  std::atomic<int64_t> standby_rounds_{-1};  // -1: no standby
   Journal* journal_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> paused_{false};

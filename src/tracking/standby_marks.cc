@@ -1,0 +1,70 @@
+#include "outbox_relay/tracking/standby_marks.h"
+
+#include "outbox_relay/tracking/ack_tracker.h"
+
+namespace outbox_relay::tracking {
+
+void StandbyMarks::Enable() {
+  std::lock_guard lock(mu_);
+  enabled_ = true;
+}
+
+bool StandbyMarks::enabled() const {
+  std::lock_guard lock(mu_);
+  return enabled_;
+}
+
+bool StandbyMarks::keeping() const {
+  std::lock_guard lock(mu_);
+  return enabled_ && standbys_;
+}
+
+void StandbyMarks::Keep(Lsn final_lsn, const RowRange& rows) {
+  std::lock_guard lock(mu_);
+  if (!enabled_ || !standbys_) return;
+  if (runs_.size() >= kMaxRuns) runs_.pop_front();
+  runs_.push_back(Run{kInvalidLsn, final_lsn, rows.transaction_id, rows.first, rows.last});
+}
+
+void StandbyMarks::Read(const StandbyPositions& standbys) {
+  std::lock_guard lock(mu_);
+  standbys_ = standbys.unknown || standbys.lowest.has_value();
+  if (!standbys_) {
+    runs_.clear();
+    return;
+  }
+  // The runs kept since the last read were marked before this one: their
+  // marks are below the position it read.
+  for (auto it = runs_.rbegin(); it != runs_.rend() && it->bound == kInvalidLsn; ++it) {
+    it->bound = standbys.written;
+  }
+  if (standbys.unknown) return;
+  while (!runs_.empty() && runs_.front().bound != kInvalidLsn &&
+         runs_.front().bound <= *standbys.lowest) {
+    runs_.pop_front();
+  }
+}
+
+void StandbyMarks::DateBackfilled(Lsn lsn) {
+  std::lock_guard lock(mu_);
+  for (Run& run : runs_) {
+    if (run.final_lsn == kInvalidLsn) run.final_lsn = lsn;
+  }
+}
+
+void StandbyMarks::KeepBelow(Lsn lsn) {
+  std::lock_guard lock(mu_);
+  std::erase_if(runs_, [&](const Run& run) { return run.final_lsn >= lsn; });
+}
+
+void StandbyMarks::ForEach(const std::function<void(Lsn, const RowRange&)>& fn) const {
+  std::lock_guard lock(mu_);
+  for (const Run& run : runs_) fn(run.final_lsn, RowRange{run.transaction_id, run.first, run.last});
+}
+
+size_t StandbyMarks::size() const {
+  std::lock_guard lock(mu_);
+  return runs_.size();
+}
+
+}  // namespace outbox_relay::tracking
