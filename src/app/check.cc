@@ -168,8 +168,38 @@ class Checker : CheckList {
       if (!c_.standby_url.empty()) Step("the standby (--standby-url)");
       for (CheckResult& r : CheckFailover(*conn_, c_)) out_.push_back(std::move(r));
     }
+    if (r_.delivery == DeliveryMode::kExactlyOnce) Standbys();
     RelaySchema();
     SampleTopics();
+  }
+
+  // Exactly-once keeps a marked row in its progress record until every
+  // standby has the mark (tracking::StandbyMarks): it must see where they are.
+  void Standbys() {
+    auto read = pg::ReadStandbyPositions(*conn_);
+    if (!read) {
+      Warn("standby positions", read.error().message, "");
+      return;
+    }
+    if (read->unknown > 0) {
+      Warn("standby positions",
+           fmt::format("{} physical walsenders' positions are hidden from role {}: exactly-once "
+                       "lists every marked row in its progress record up to a bound, and past "
+                       "it a promoted standby may publish rows whose marks it lacks again",
+                       read->unknown, role_),
+           fmt::format("GRANT pg_read_all_stats TO {};", pg::QuoteIdent(role_)));
+    } else if (!read->lowest) {
+      Ok("standby positions",
+         "no physical standby or physical slot: nothing to wait for (a standby you may promote "
+         "should stream through a physical slot, primary_slot_name, to be seen)");
+    } else {
+      Ok("standby positions",
+         fmt::format(
+             "the standbys have the WAL up to {} ({} bytes behind); marks stay in the "
+             "progress record until they have them",
+             *read->lowest,
+             read->written > *read->lowest ? read->written.value() - read->lowest->value() : 0));
+    }
   }
 
   void Version(std::string_view text) {

@@ -55,7 +55,7 @@ class ExactlyOnceHistory : public RelayTest {
     std::unique_ptr<ThrowawayPostgres> standby;
     std::string both;
   };
-  Promotable StartPromotable(int base) {
+  Promotable StartPromotable(int base, bool physical_slot = true) {
     const std::string common =
         "-c wal_level=logical -c max_wal_senders=10 -c max_replication_slots=10 "
         "-c hot_standby=on -c wal_keep_size=512MB";
@@ -65,7 +65,7 @@ class ExactlyOnceHistory : public RelayTest {
     ThrowawayPostgres& primary = *out.primary;
     {
       Pg pdb(primary.url());
-      pdb.Exec("SELECT pg_create_physical_replication_slot('standby1_slot')");
+      if (physical_slot) pdb.Exec("SELECT pg_create_physical_replication_slot('standby1_slot')");
       pdb.Exec(OutboxTableDdl(name_));
       pdb.Exec(fmt::format("CREATE TABLE {} (id BIGSERIAL PRIMARY KEY, note TEXT)",
                            QuoteIdent(other_table_)));
@@ -74,8 +74,8 @@ class ExactlyOnceHistory : public RelayTest {
     auto standby = ThrowawayPostgres::StandbyOf(
         primary, FreeLocalPort(primary.port() + 1), common + " -c hot_standby_feedback=on",
         fmt::format("primary_conninfo = 'host=127.0.0.1 port={} user=postgres dbname=postgres "
-                    "application_name=standby1'\nprimary_slot_name = 'standby1_slot'",
-                    primary.port()));
+                    "application_name=standby1'{}",
+                    primary.port(), physical_slot ? "\nprimary_slot_name = 'standby1_slot'" : ""));
     primary.Start();
     standby->Start();
     db_ = std::make_unique<Pg>(primary.url());
@@ -95,6 +95,8 @@ class ExactlyOnceHistory : public RelayTest {
     out.standby = std::move(standby);
     return out;
   }
+  // The test of marks a promoted standby lacks (below).
+  void PromoteAStandbyWithoutTheLastMarks(bool physical_slot);
   // Waits until the standby has replayed everything the primary wrote so far.
   bool StandbyCaughtUp(ThrowawayPostgres& standby) {
     std::string primary_end = db_->Scalar("SELECT pg_current_wal_lsn()::text").value_or("");
@@ -198,11 +200,31 @@ TEST_F(ExactlyOnceHistory, NewRowsOfAPromotedAsyncStandbyAreNotTakenAsAlreadyInK
 // unmarked. The promoted server shows them unmarked, its slot is made anew
 // (PostgreSQL 15 keeps no logical slot on a standby), and the backfill met
 // them: published twice (150 duplicates of 150 before the standby marks).
-TEST_F(ExactlyOnceHistory, RowsAPromotedStandbyShowsUnmarkedButKafkaHoldsAreNotPublishedAgain) {
-  Promotable pair = StartPromotable(25760);
+void ExactlyOnceHistory::PromoteAStandbyWithoutTheLastMarks(bool physical_slot) {
+  Promotable pair = StartPromotable(25760, physical_slot);
   ASSERT_TRUE(pair.standby) << "the standby does not stream";
   ThrowawayPostgres& primary = *pair.primary;
   ThrowawayPostgres& standby = *pair.standby;
+  // `check` says whether the relay can see where the standbys are: as the
+  // superuser it can; a role without pg_read_all_stats is told to get it.
+  db_->Exec("CREATE ROLE no_stats LOGIN REPLICATION");
+  auto check = [&](const std::string& url) {
+    std::vector<std::string> args = RelayArgs({"--delivery", "exactly-once"});
+    args[0] = "check";
+    return RunRelayCommand(args, {{"DATABASE_URL", url}, {"KAFKA_BROKERS", env_.kafka_brokers}});
+  };
+  CommandResult seen = check(primary.url());
+  EXPECT_NE(seen.out.find("OK    standby positions: the standbys have the WAL up to"),
+            std::string::npos)
+      << seen.Describe();
+  CommandResult hidden =
+      check(fmt::format("postgresql://no_stats@127.0.0.1:{}/postgres", primary.port()));
+  EXPECT_NE(hidden.out.find("WARN  standby positions: 1 physical walsenders' positions are "
+                            "hidden from role no_stats"),
+            std::string::npos)
+      << hidden.Describe();
+  EXPECT_NE(hidden.out.find("GRANT pg_read_all_stats TO \"no_stats\";"), std::string::npos)
+      << hidden.Describe();
   RelayProcess& relay = StartRelay(Eos(), {{"DATABASE_URL", pair.both}});
   ASSERT_TRUE(WaitStreaming(relay, seconds(60))) << relay.LogTail();
 
@@ -262,6 +284,18 @@ TEST_F(ExactlyOnceHistory, RowsAPromotedStandbyShowsUnmarkedButKafkaHoldsAreNotP
   std::vector<WrittenRow> truth = shared.committed();
   for (const WrittenRow& w : fresh.committed()) truth.push_back(w);
   Check(truth, records, "after promoting a standby without the last marks");
+}
+
+TEST_F(ExactlyOnceHistory, RowsAPromotedStandbyShowsUnmarkedButKafkaHoldsAreNotPublishedAgain) {
+  PromoteAStandbyWithoutTheLastMarks(/*physical_slot=*/true);
+}
+
+// The same standby without a physical slot: stopped, the primary no longer
+// knows of it at all. Seen within the last minute, it is waited for as one
+// whose position is unknown (it may be reconnecting: after a restart of the
+// primary it waits up to wal_retrieve_retry_interval), so its marks are kept.
+TEST_F(ExactlyOnceHistory, AStandbyWithoutASlotAwayForLessThanAMinuteIsWaitedFor) {
+  PromoteAStandbyWithoutTheLastMarks(/*physical_slot=*/false);
 }
 
 // #2. Two relays of different databases given the same --transactional-id.

@@ -14,8 +14,11 @@
 //
 // Nothing is kept while the primary has no standby. A standby whose position
 // cannot be read (the relay's role lacks pg_read_all_stats) keeps every mark
-// until the bound. A standby the primary does not know of at all (stopped,
-// without a physical slot) cannot be waited for: its rows may come twice.
+// until the bound, and so does a standby seen within the last minute that is
+// gone now (reconnecting, e.g. after a restart of the primary: the marker
+// reads that as unknown). A standby the primary does not know of (away
+// longer, without a physical slot) cannot be waited for: its rows may come
+// twice.
 //
 // Bounded: past kMaxRuns the oldest runs are forgotten (their rows would be
 // published again, never lost). Any thread; one lock, held briefly.
