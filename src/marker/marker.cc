@@ -364,15 +364,8 @@ void Marker::ReadStandbys() {
         "promoted standby does not publish marked rows again",
         read->unknown);
   }
-  // A standby seen lately and gone now is reconnecting (after a restart of
-  // this server it waits up to wal_retrieve_retry_interval): its position is
-  // unknown, not "no standby". One without a physical slot that stays away
-  // longer is no longer waited for.
-  if (read->lowest || read->unknown > 0) standby_seen_ = now;
-  const bool away = !read->lowest && standby_seen_ != std::chrono::steady_clock::time_point{} &&
-                    now - standby_seen_ < kStandbyAway;
   marks.Read(tracking::StandbyPositions{
-      .written = read->written, .lowest = read->lowest, .unknown = read->unknown > 0 || away});
+      .written = read->written, .lowest = read->lowest, .unknown = read->unknown > 0});
 }
 
 void Marker::Report(const Status& round) {

@@ -106,6 +106,9 @@ Status ExactlyOnce::Trust(const std::optional<std::string>& value, const Progres
   if (facts_.history.timeline != 0 && facts.history != facts_.history) {
     tracker_->standby_marks().KeepBelow(DivergencePoint(facts_.history, facts.history));
   }
+  // The instance before saw a standby lately: one that is away now (it
+  // reconnects after a restart of the primary) is waited for.
+  if (trusted.standbys) tracker_->standby_marks().SeenAt();
   facts_ = facts;
   committed_ = std::move(trusted);
   pending_ = committed_;
@@ -418,6 +421,7 @@ void ExactlyOnce::BuildRecord() {
   standby_marks.ForEach([&](Lsn lsn, const tracking::RowRange& r) {
     p.unmarked.Add(HeldRun{lsn, r.transaction_id, r.first, r.last});
   });
+  p.standbys = standby_marks.SeenLately();
   progress_value_ = EncodeProgress(record_);
 }
 

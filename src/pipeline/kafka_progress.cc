@@ -207,6 +207,7 @@ std::string EncodeProgress(const ProgressRecord& r) {
                     Quoted(p.backfill->snapshot), p.backfill->transaction_id, p.backfill->offset);
   }
   if (!p.unmarked.empty()) out += fmt::format(R"(,"unmarked":"{}")", p.unmarked.Encode());
+  if (p.standbys) out += R"(,"standbys":true)";
   out += '}';
   return out;
 }
@@ -306,6 +307,8 @@ Result<ProgressRecord> DecodeProgress(std::string_view json) {
     if (!held) return std::unexpected(held.error());
     p.unmarked = std::move(*held);
   }
+  bool standbys = false;
+  if (!doc["standbys"].get(standbys)) p.standbys = standbys;
   return r;
 }
 

@@ -1,5 +1,7 @@
 #include "outbox_relay/tracking/standby_marks.h"
 
+#include <algorithm>
+
 #include "outbox_relay/tracking/ack_tracker.h"
 
 namespace outbox_relay::tracking {
@@ -26,8 +28,24 @@ void StandbyMarks::Keep(Lsn final_lsn, const RowRange& rows) {
   runs_.push_back(Run{kInvalidLsn, final_lsn, rows.transaction_id, rows.first, rows.last});
 }
 
-void StandbyMarks::Read(const StandbyPositions& standbys) {
+void StandbyMarks::SeenAt(TimePoint now) {
   std::lock_guard lock(mu_);
+  seen_ = std::max(seen_, now);
+}
+
+bool StandbyMarks::SeenLately(TimePoint now) const {
+  std::lock_guard lock(mu_);
+  return seen_ != TimePoint{} && now - seen_ < kAway;
+}
+
+void StandbyMarks::Read(const StandbyPositions& read, TimePoint now) {
+  std::lock_guard lock(mu_);
+  StandbyPositions standbys = read;
+  if (standbys.unknown || standbys.lowest) {
+    seen_ = std::max(seen_, now);
+  } else if (seen_ != TimePoint{} && now - seen_ < kAway) {
+    standbys.unknown = true;  // away lately: reconnecting, its position unknown
+  }
   standbys_ = standbys.unknown || standbys.lowest.has_value();
   if (!standbys_) {
     runs_.clear();

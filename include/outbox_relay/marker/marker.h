@@ -213,9 +213,6 @@ class Marker {
   // instance's (see MarkSql): read when connecting, raised by each statement.
   Lsn indexed_through_;
   std::chrono::steady_clock::time_point standbys_read_{};  // ReadStandbys' last read
-  std::chrono::steady_clock::time_point standby_seen_{};   // when a standby was last seen
-  // How long a standby that disappeared is still waited for.
-  static constexpr std::chrono::seconds kStandbyAway{60};
   bool standbys_unknown_said_ = false;
 };
 

@@ -11,7 +11,7 @@
 //    "timeline":2,"history":[[1,"0/5000148"]],
 //    "lsn":"16/B374D848","rows":12,"complete":true,
 //    "backfill":{"snapshot":"731:745:","transaction_id":"740","offset":"12345"},
-//    "unmarked":"1A2B3C,740,12345,0;40,1,1,0*17"}
+//    "unmarked":"1A2B3C,740,12345,0;40,1,1,0*17","standbys":true}
 //
 // v         the oldest record format that can read this one safely: a reader
 //           refuses a record whose v is above its own format (the fields a
@@ -35,7 +35,12 @@
 // unmarked  the rows Kafka holds that the table may not show `offset_acked`
 //           yet (published, not yet marked): by primary key, with the commit
 //           LSN of their transaction (HeldRows). A backfill after a lost slot
-//           finds them unacked and must not publish them again.
+//           finds them unacked and must not publish them again. With
+//           standbys, also marked rows until the standbys have the marks
+//           (tracking::StandbyMarks).
+// standbys  the relay saw a standby of the primary within the last minute
+//           (absent: it did not): the next instance waits for one that is
+//           away a while (reconnecting) instead of taking it for none.
 //
 // After a restart PostgreSQL sends again everything after the slot's
 // confirmed position: rows at or before the trusted position are marked but
@@ -127,6 +132,7 @@ struct KafkaProgress {
   bool complete = true;
   std::optional<BackfillCursor> backfill;
   HeldRows unmarked;
+  bool standbys = false;  // a standby was seen lately
   bool operator==(const KafkaProgress&) const = default;
 
   // Whether row `row` (0-based, in stream order) of the transaction whose

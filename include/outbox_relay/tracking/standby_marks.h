@@ -14,16 +14,19 @@
 //
 // Nothing is kept while the primary has no standby. A standby whose position
 // cannot be read (the relay's role lacks pg_read_all_stats) keeps every mark
-// until the bound, and so does a standby seen within the last minute that is
-// gone now (reconnecting, e.g. after a restart of the primary: the marker
-// reads that as unknown). A standby the primary does not know of (away
-// longer, without a physical slot) cannot be waited for: its rows may come
-// twice.
+// until the bound, and so does a standby seen within the last minute (kAway)
+// that is gone now: reconnecting, e.g. after a restart of the primary (it
+// waits up to wal_retrieve_retry_interval). "Seen" outlives a pipeline
+// restart (the tracker is the process's) and a process restart (the progress
+// record says it, KafkaProgress::standbys). A standby the primary does not
+// know of (away longer, without a physical slot) cannot be waited for: its
+// rows may come twice.
 //
 // Bounded: past kMaxRuns the oldest runs are forgotten (their rows would be
 // published again, never lost). Any thread; one lock, held briefly.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <deque>
 #include <functional>
@@ -45,7 +48,9 @@ struct StandbyPositions {
 
 class StandbyMarks {
  public:
+  using TimePoint = std::chrono::steady_clock::time_point;
   static constexpr size_t kMaxRuns = 50000;
+  static constexpr std::chrono::seconds kAway{60};
 
   // Exactly-once only: nothing is kept before.
   void Enable();
@@ -58,8 +63,13 @@ class StandbyMarks {
   // a backfilled row) are marked, or will be by a mark committed before the
   // next Read: kept until every standby has that mark.
   void Keep(Lsn final_lsn, const RowRange& rows);
-  // The standbys as read after some marks committed.
-  void Read(const StandbyPositions& standbys);
+  // The standbys as read after some marks committed, at `now`.
+  void Read(const StandbyPositions& standbys, TimePoint now = std::chrono::steady_clock::now());
+  // A standby was seen at `now` (by an earlier process: its progress record
+  // says so).
+  void SeenAt(TimePoint now = std::chrono::steady_clock::now());
+  // Whether a standby was seen within kAway of `now`.
+  bool SeenLately(TimePoint now = std::chrono::steady_clock::now()) const;
   // Backfilled rows kept so far were committed before `lsn` (the slot's
   // consistent point).
   void DateBackfilled(Lsn lsn);
@@ -82,6 +92,7 @@ class StandbyMarks {
   std::deque<Run> runs_;  // in the order kept; bounds never decrease along it
   bool enabled_ = false;
   bool standbys_ = true;  // the last read found one (or none was read yet)
+  TimePoint seen_{};      // when a standby was last seen (none: never)
 };
 
 }  // namespace outbox_relay::tracking

@@ -566,11 +566,63 @@ TEST(StandbyMarks, AMarkIsKeptUntilEveryStandbyHasItAndNothingWithoutStandbys) {
   marks.KeepBelow(Lsn(0x50));
   EXPECT_EQ(marks.size(), 0u) << "a row of a timeline the server left is forgotten";
   marks.Keep(Lsn(0x60), {10, 0, 0});
-  marks.Read({.written = Lsn(0x400), .lowest = std::nullopt});
+  // (A minute after the last standby was seen: see the test below.)
+  marks.Read({.written = Lsn(0x400), .lowest = std::nullopt},
+             std::chrono::steady_clock::now() + tracking::StandbyMarks::kAway);
   EXPECT_EQ(marks.size(), 0u) << "no standby: nothing to keep";
   EXPECT_FALSE(marks.keeping());
   marks.Keep(Lsn(0x70), {11, 0, 0});
   EXPECT_EQ(marks.size(), 0u);
+}
+
+// A standby that was there and is gone now (reconnecting after a restart of
+// the primary) is waited for a minute as one whose position is unknown; the
+// progress record says it was seen, so that the next instance waits too.
+TEST(StandbyMarks, AStandbySeenLatelyAndGoneNowIsWaitedForAMinute) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t0 = Clock::now();
+  tracking::StandbyMarks marks;
+  marks.Enable();
+  marks.Keep(Lsn(0x10), {7, 0, 0});
+  marks.Read({.written = Lsn(0x100), .lowest = Lsn(0x80)}, t0);
+  EXPECT_TRUE(marks.SeenLately(t0));
+  marks.Keep(Lsn(0x20), {8, 0, 0});
+  marks.Read({.written = Lsn(0x200), .lowest = std::nullopt}, t0 + 5s);
+  EXPECT_EQ(marks.size(), 2u) << "a standby away for 5 s is taken for none";
+  EXPECT_TRUE(marks.keeping());
+  marks.Read({.written = Lsn(0x300), .lowest = Lsn(0x100)}, t0 + 8s);
+  EXPECT_EQ(marks.size(), 1u) << "back, it has the first mark";
+  marks.Read({.written = Lsn(0x400), .lowest = std::nullopt}, t0 + 69s);
+  EXPECT_EQ(marks.size(), 0u) << "away for over a minute: no longer waited for";
+  EXPECT_FALSE(marks.SeenLately(t0 + 69s));
+
+  // The next instance, told by the record that a standby was seen.
+  tracking::StandbyMarks next;
+  next.Enable();
+  next.SeenAt(t0);
+  next.Keep(Lsn(0x30), {9, 0, 0});
+  next.Read({.written = Lsn(0x500), .lowest = std::nullopt}, t0 + 1s);
+  EXPECT_EQ(next.size(), 1u);
+}
+
+TEST(KafkaProgressCodec, WhetherAStandbyWasSeenRoundTrips) {
+  ProgressRecord r;
+  r.key = kKey;
+  r.owner = Facts().me;
+  r.history = WalHistory{1, {}};
+  r.progress.final_lsn = Lsn(0x100);
+  r.progress.standbys = true;
+  std::string text = EncodeProgress(r);
+  EXPECT_NE(text.find(R"("standbys":true)"), std::string::npos) << text;
+  auto back = DecodeProgress(text);
+  ASSERT_TRUE(back) << back.error().message;
+  EXPECT_EQ(*back, r);
+  r.progress.standbys = false;
+  text = EncodeProgress(r);
+  EXPECT_EQ(text.find("standbys"), std::string::npos) << text;
+  back = DecodeProgress(text);
+  ASSERT_TRUE(back) << back.error().message;
+  EXPECT_FALSE(back->progress.standbys);
 }
 
 TEST(KafkaProgress, AHeldRunListedTwiceStillHoldsEveryRowOfTheLongerOne) {
