@@ -12,6 +12,7 @@
 #include "outbox_relay/app/signals.h"
 #include "outbox_relay/core/failpoint.h"
 #include "outbox_relay/core/version.h"
+#include "outbox_relay/ops/commands.h"
 
 // The commit the binary is built from (generated/build_commit.cc, written at
 // every build by cmake/build_commit.cmake).
@@ -31,11 +32,11 @@ int main(int argc, char** argv) {
 
   // cleanup, replay, slot, check: each runs in its callback and ends a failure
   // with CLI::RuntimeError(exit code), which app.exit() below returns.
-  outbox_relay::app::AddOpsCommands(app);
+  outbox_relay::ops::AddOpsCommands(app);
 
   app.add_subcommand("version", "Print the version and the libraries it runs with")->callback([] {
     std::fputs(
-        outbox_relay::app::VersionReport(outbox_relay::RelayVersion(), kOutboxRelayCommit).c_str(),
+        outbox_relay::ops::VersionReport(outbox_relay::RelayVersion(), kOutboxRelayCommit).c_str(),
         stdout);
   });
 

@@ -9,7 +9,7 @@
 # binary from docker/Dockerfile and runs it too. OUTBOX_TEST_CXX_FLAGS overrides. The test
 # programs' own files (unit, integration, network, image) compile at -O0 instead
 # (OUTBOX_TEST_CODE_FLAGS, tests/CMakeLists.txt): 30-40% less compile time for those files
-# (tests/unit/app/ops_commands_test.cc: 10.4 s against 16.8 s), most of the build. (With
+# (tests/unit/ops/ops_commands_test.cc: 10.4 s against 16.8 s), most of the build. (With
 # -fsanitize=thread at -O1, GCC 12 reports a false -Wmismatched-new-delete in
 # tests/unit/pgoutput/alloc_test.cc's replaced operator delete: tests/CMakeLists.txt turns that
 # warning off for that file in ThreadSanitizer builds.)

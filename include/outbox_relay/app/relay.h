@@ -29,7 +29,6 @@
 
 #include "outbox_relay/app/config.h"
 #include "outbox_relay/app/recovery.h"
-#include "outbox_relay/app/sampler.h"
 #include "outbox_relay/app/signals.h"
 #include "outbox_relay/core/result.h"
 #include "outbox_relay/kafka/progress_log.h"
@@ -39,6 +38,7 @@
 #include "outbox_relay/metrics/metrics.h"
 #include "outbox_relay/pg/replication.h"
 #include "outbox_relay/pipeline/publisher.h"
+#include "outbox_relay/pipeline/sampler.h"
 #include "outbox_relay/pipeline/slot_setup.h"
 #include "outbox_relay/pipeline/stats.h"
 #include "outbox_relay/pipeline/stop.h"
@@ -61,8 +61,16 @@ class Relay {
 
  private:
   // Table, relay schema, publication, sink, marker, publisher: everything
-  // that can be checked before touching the slot.
+  // that can be checked before touching the slot. The wiring from the
+  // settings to each component's options (relay_wiring.cc).
   Status Prepare();
+  // The metrics sampler's options (relay_wiring.cc).
+  pipeline::SamplerOptions SamplerSettings() const;
+  // How long a stop waits for Kafka to take the open transaction: half of
+  // --shutdown-timeout-ms, the rest is for the marks.
+  std::chrono::milliseconds stop_grace() const {
+    return std::chrono::milliseconds(config_.shutdown_timeout_ms / 2);
+  }
   // --table-mode=seed: the table exists and has the columns.
   Status PrepareSeedTable(pg::Connection& conn);
   // One phase of an attempt (app/recovery.h).
@@ -135,7 +143,7 @@ class Relay {
   metrics::Metrics metrics_;                             // thread-safe
   const std::unique_ptr<tracking::AckTracker> tracker_;  // thread-safe; made once
   std::optional<pipeline::StopSignal> stop_;             // set by Run
-  std::unique_ptr<Sampler> sampler_;
+  std::unique_ptr<pipeline::Sampler> sampler_;
   // Rung by the marker when it has marked transactions: the stream's loop
   // wakes and confirms them (declared before the marker, which uses it).
   pg::Doorbell marked_;

@@ -24,6 +24,7 @@
 #include "outbox_relay/app/commands.h"
 #include "outbox_relay/app/config.h"
 #include "outbox_relay/core/result.h"
+#include "outbox_relay/ops/commands.h"
 #include "outbox_relay/pg/connection.h"
 #include "outbox_relay/pg/relay_schema.h"
 #include "outbox_relay/pipeline/kafka_progress.h"
@@ -32,7 +33,7 @@ namespace CLI {
 class App;
 }
 
-namespace outbox_relay::app {
+namespace outbox_relay::ops {
 
 // The key the relay writes when it creates a slot (outbox_relay.state).
 inline constexpr const char* kSlotCreatedStateKey = pg::kStateSlotCreated;
@@ -47,7 +48,7 @@ struct SlotCommandConfig {
   std::string kafka_brokers;
   std::string progress_topic;    // "": the relay's own (pipeline::DefaultProgressTopic)
   std::string transactional_id;  // "" = derived as `run` derives it
-  LogConfig log;
+  app::LogConfig log;
 };
 
 // --database-url, --slot (and --output for status, --confirm for drop), log flags.
@@ -110,4 +111,4 @@ std::string FormatSlotReportJson(const SlotReport& report);
 int SlotStatusCommand(SlotCommandConfig& config);
 int SlotDropCommand(SlotCommandConfig& config);
 
-}  // namespace outbox_relay::app
+}  // namespace outbox_relay::ops

@@ -1,4 +1,4 @@
-#include "outbox_relay/app/slot_command.h"
+#include "outbox_relay/ops/slot_command.h"
 
 #include <spdlog/spdlog.h>
 
@@ -9,10 +9,11 @@
 #include "outbox_relay/app/commands.h"
 #include "outbox_relay/app/logging.h"
 #include "outbox_relay/kafka/progress_log.h"
+#include "outbox_relay/ops/commands.h"
 #include "outbox_relay/pg/replication.h"
 #include "outbox_relay/pg/rows.h"
 
-namespace outbox_relay::app {
+namespace outbox_relay::ops {
 
 namespace {
 
@@ -32,14 +33,15 @@ void AddCommonFlags(CLI::App& app, SlotCommandConfig& c) {
   app.add_option("--slot", c.slot, "The relay's logical replication slot")
       ->envname("OUTBOX_SLOT")
       ->capture_default_str();
-  AddLogFlags(app, c.log);
+  app::AddLogFlags(app, c.log);
 }
 
 Status Validate(const SlotCommandConfig& c) {
   if (c.database_url.empty()) {
-    return BadSetting("--database-url", "DATABASE_URL", "required, e.g. postgresql://user@host/db");
+    return app::BadSetting("--database-url", "DATABASE_URL",
+                           "required, e.g. postgresql://user@host/db");
   }
-  if (c.slot.empty()) return BadSetting("--slot", "OUTBOX_SLOT", "empty");
+  if (c.slot.empty()) return app::BadSetting("--slot", "OUTBOX_SLOT", "empty");
   return Ok();
 }
 
@@ -218,7 +220,7 @@ SlotReport::KafkaSide ReadKafkaSide(const SlotCommandConfig& c) {
   kafka::ProducerOptions connection;
   connection.brokers = c.kafka_brokers;
   if (const char* env = std::getenv("OUTBOX_KAFKA_PROPERTIES")) {
-    for (const std::string& p : SplitPropertyList(env)) {
+    for (const std::string& p : app::SplitPropertyList(env)) {
       size_t eq = p.find('=');
       if (eq != std::string::npos)
         connection.properties.emplace_back(p.substr(0, eq), p.substr(eq + 1));
@@ -427,50 +429,50 @@ std::string FormatSlotReportJson(const SlotReport& r) {
 }
 
 int SlotStatusCommand(SlotCommandConfig& c) {
-  SetupLogging(c.log);
+  app::SetupLogging(c.log);
   if (auto st = Validate(c); !st) {
     spdlog::error("{}", st.error().message);
-    return kExitConfig;
+    return app::kExitConfig;
   }
   auto conn =
       pg::Connection::Open(c.database_url, pg::Connection::Mode::kNormal, "outbox-relay-slot");
   if (!conn) {
     spdlog::error("{}", conn.error().message);
-    return kExitFailure;
+    return app::kExitFailure;
   }
   auto report = QuerySlotReport(*conn, c.slot);
   if (!report) {
     spdlog::error("slot status: {}", report.error().message);
-    return kExitFailure;
+    return app::kExitFailure;
   }
   if (!c.kafka_brokers.empty()) report->kafka = ReadKafkaSide(c);
   std::string text = c.output == OutputFormat::kJson ? FormatSlotReportJson(*report)
                                                      : FormatSlotReportText(*report);
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fflush(stdout);
-  return kExitOk;
+  return app::kExitOk;
 }
 
 int SlotDropCommand(SlotCommandConfig& c) {
-  SetupLogging(c.log);
+  app::SetupLogging(c.log);
   if (auto st = Validate(c); !st) {
     spdlog::error("{}", st.error().message);
-    return kExitConfig;
+    return app::kExitConfig;
   }
   auto conn =
       pg::Connection::Open(c.database_url, pg::Connection::Mode::kNormal, "outbox-relay-slot");
   if (!conn) {
     spdlog::error("{}", conn.error().message);
-    return kExitFailure;
+    return app::kExitFailure;
   }
   auto report = QuerySlotReport(*conn, c.slot);
   if (!report) {
     spdlog::error("slot drop: {}", report.error().message);
-    return kExitFailure;
+    return app::kExitFailure;
   }
   if (!report->exists) {
     std::printf("slot %s does not exist: nothing to drop\n", c.slot.c_str());
-    return kExitOk;
+    return app::kExitOk;
   }
   if (report->active) {
     spdlog::error(
@@ -478,7 +480,7 @@ int SlotDropCommand(SlotCommandConfig& c) {
         "(SIGTERM lets it drain), or end its connection with "
         "SELECT pg_terminate_backend({}); then run this again",
         c.slot, Holder(*report), report->active_pid.value_or(0));
-    return kExitFailure;
+    return app::kExitFailure;
   }
   // What the next `run` does without the slot (relay_slot.cc, Relay::SetupSlot).
   std::string next_run;
@@ -506,13 +508,13 @@ int SlotDropCommand(SlotCommandConfig& c) {
         "refusing without --confirm. This would {}. {} Run again with --confirm to "
         "drop it.",
         what, next_run);
-    return kExitConfig;
+    return app::kExitConfig;
   }
   std::optional<std::string> params[] = {c.slot};
   auto dropped = conn->ExecParams("SELECT pg_drop_replication_slot($1)", params);
   if (!dropped) {
     spdlog::error("drop slot {}: {}", c.slot, dropped.error().message);
-    return kExitFailure;
+    return app::kExitFailure;
   }
   std::printf(
       "dropped replication slot %s (it was at confirmed_flush_lsn %s, retaining %s of "
@@ -522,7 +524,7 @@ int SlotDropCommand(SlotCommandConfig& c) {
       next_run.c_str());
   std::fflush(stdout);
   spdlog::info("dropped replication slot {}", c.slot);
-  return kExitOk;
+  return app::kExitOk;
 }
 
-}  // namespace outbox_relay::app
+}  // namespace outbox_relay::ops

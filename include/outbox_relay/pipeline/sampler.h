@@ -11,24 +11,40 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <mutex>
+#include <string>
 #include <thread>
 
-#include "outbox_relay/app/config.h"
 #include "outbox_relay/metrics/metrics.h"
+#include "outbox_relay/pg/connection.h"
+#include "outbox_relay/pipeline/watermill.h"
 
-namespace outbox_relay::app {
+namespace outbox_relay::pipeline {
+
+struct SamplerOptions {
+  std::string database_url;
+  pg::NetworkOptions network;
+  pg::QualifiedName table;        // the seed table (not in watermill mode)
+  std::string acked_column;       // its offset_acked
+  std::string created_at_column;  // "": no outbox_forwarder_lag_seconds
+  int64_t row_count_interval_s = 60;
+  bool mark = true;        // the relay marks rows (else nothing is counted)
+  bool watermill = false;  // watermill-sql's tables instead of the seed table
+  WatermillSettings watermill_settings;
+  std::string slot;
+};
 
 class Sampler {
  public:
-  Sampler(const RelayConfig& config, metrics::Metrics* metrics);
+  Sampler(SamplerOptions options, metrics::Metrics* metrics);
   ~Sampler();
   void Start();
   void Stop();
 
  private:
   void Loop();
-  const RelayConfig& config_;
+  const SamplerOptions config_;
   metrics::Metrics* metrics_;
   std::thread thread_;
   std::mutex mu_;
@@ -40,4 +56,4 @@ class Sampler {
   std::atomic<bool> aborting_{false};
 };
 
-}  // namespace outbox_relay::app
+}  // namespace outbox_relay::pipeline

@@ -1,4 +1,4 @@
-#include "outbox_relay/app/cleanup.h"
+#include "outbox_relay/ops/cleanup.h"
 
 #include <spdlog/spdlog.h>
 
@@ -13,11 +13,12 @@
 #include "outbox_relay/app/commands.h"
 #include "outbox_relay/app/logging.h"
 #include "outbox_relay/core/progress.h"
+#include "outbox_relay/ops/commands.h"
 #include "outbox_relay/pg/relay_schema.h"
 #include "outbox_relay/pg/rows.h"
 #include "outbox_relay/pipeline/progress_report.h"
 
-namespace outbox_relay::app {
+namespace outbox_relay::ops {
 
 namespace {
 
@@ -105,8 +106,8 @@ Status CheckTable(pg::Connection& conn, const CleanupConfig& c) {
   if (!res) return std::unexpected(res.error());
   pg::Rows rows(res->get());
   if (rows.size() == 0) {
-    return BadSetting("--table", "OUTBOX_TABLE",
-                      fmt::format("table {} does not exist", c.table_name.ToString()));
+    return app::BadSetting("--table", "OUTBOX_TABLE",
+                           fmt::format("table {} does not exist", c.table_name.ToString()));
   }
   std::map<std::string, std::string, std::less<>> types;  // column name -> format_type()
   for (int i = 0; i < rows.size(); ++i) {
@@ -133,14 +134,14 @@ Status CheckTable(pg::Connection& conn, const CleanupConfig& c) {
            Needed{"--column-offset", "OUTBOX_COLUMN_OFFSET", &c.offset_column},
        }) {
     if (!type_of(*n.name)) {
-      return BadSetting(
+      return app::BadSetting(
           n.flag, n.env,
           fmt::format("table {} has no column '{}'", c.table_name.ToString(), *n.name));
     }
   }
   std::string created_type = *type_of(c.created_at_column);
   if (!created_type.starts_with("timestamp") && created_type != "date") {
-    return BadSetting(
+    return app::BadSetting(
         "--column-created-at", "OUTBOX_COLUMN_CREATED_AT",
         fmt::format("column '{}' is {}, not a timestamp", c.created_at_column, created_type));
   }
@@ -153,13 +154,13 @@ void AddCleanupFlags(CLI::App& app, CleanupConfig& c) {
   app.add_option("--database-url", c.database_url,
                  "PostgreSQL connection string or URI of the service database")
       ->envname("DATABASE_URL");
-  AddIntOption(app, "--retention-days", "OUTBOX_RETENTION_DAYS", &c.retention_days, 0, 36500,
-               "Delete acked rows created more than this many days ago (at least 3; more "
-               "than 30 is allowed with a warning)");
-  AddIntOption(app, "--batch-size", "OUTBOX_BATCH_SIZE", &c.batch_size, 1, 1'000'000,
-               "Rows per DELETE statement");
-  AddIntOption(app, "--batch-sleep-ms", "OUTBOX_BATCH_SLEEP_MS", &c.batch_sleep_ms, 0, 600'000,
-               "Pause between batches, so cleanup does not dominate the I/O");
+  app::AddIntOption(app, "--retention-days", "OUTBOX_RETENTION_DAYS", &c.retention_days, 0, 36500,
+                    "Delete acked rows created more than this many days ago (at least 3; more "
+                    "than 30 is allowed with a warning)");
+  app::AddIntOption(app, "--batch-size", "OUTBOX_BATCH_SIZE", &c.batch_size, 1, 1'000'000,
+                    "Rows per DELETE statement");
+  app::AddIntOption(app, "--batch-sleep-ms", "OUTBOX_BATCH_SLEEP_MS", &c.batch_sleep_ms, 0, 600'000,
+                    "Pause between batches, so cleanup does not dominate the I/O");
   app.add_option("--table", c.table, "The outbox table, schema-qualified")
       ->envname("OUTBOX_TABLE")
       ->capture_default_str();
@@ -178,7 +179,7 @@ void AddCleanupFlags(CLI::App& app, CleanupConfig& c) {
   app.add_option("--column-offset", c.offset_column, "Second primary-key column")
       ->envname("OUTBOX_COLUMN_OFFSET")
       ->capture_default_str();
-  AddWatermillTableFlags(app, c.watermill_flags);
+  app::AddWatermillTableFlags(app, c.watermill_flags);
   app.add_option("--prune-commits", c.prune_commits,
                  "Also delete outbox_relay.commits rows (the replay index, all slots) whose "
                  "commit_time is past the same retention")
@@ -186,15 +187,16 @@ void AddCleanupFlags(CLI::App& app, CleanupConfig& c) {
       ->capture_default_str();
   app.add_flag("--dry-run", c.dry_run, "Count what would be deleted; delete nothing")
       ->envname("OUTBOX_CLEANUP_DRY_RUN");
-  AddLogFlags(app, c.log);
+  app::AddLogFlags(app, c.log);
 }
 
 Status ValidateCleanup(CleanupConfig& c) {
   if (c.database_url.empty()) {
-    return BadSetting("--database-url", "DATABASE_URL", "required, e.g. postgresql://user@host/db");
+    return app::BadSetting("--database-url", "DATABASE_URL",
+                           "required, e.g. postgresql://user@host/db");
   }
   if (c.retention_days < kMinRetentionDays) {
-    return BadSetting(
+    return app::BadSetting(
         "--retention-days", "OUTBOX_RETENTION_DAYS",
         fmt::format("{} days is below the minimum of {}: acked rows are what a replay after a "
                     "weekend incident needs (the seed's rule: never less than 3 days, 7 "
@@ -202,7 +204,7 @@ Status ValidateCleanup(CleanupConfig& c) {
                     c.retention_days, kMinRetentionDays));
   }
   auto table = pg::QualifiedName::Parse(c.table);
-  if (!table) return BadSetting("--table", "OUTBOX_TABLE", table.error().message);
+  if (!table) return app::BadSetting("--table", "OUTBOX_TABLE", table.error().message);
   c.table_name = *table;
   struct Named {
     const char* flag;
@@ -216,9 +218,9 @@ Status ValidateCleanup(CleanupConfig& c) {
                  &c.transaction_id_column},
            Named{"--column-offset", "OUTBOX_COLUMN_OFFSET", &c.offset_column},
        }) {
-    if (n.value->empty()) return BadSetting(n.flag, n.env, "empty column name");
+    if (n.value->empty()) return app::BadSetting(n.flag, n.env, "empty column name");
   }
-  return ParseWatermillFlags(c.watermill_flags, &c.watermill, &c.watermill_settings);
+  return app::ParseWatermillFlags(c.watermill_flags, &c.watermill, &c.watermill_settings);
 }
 
 Status PruneCommitIndex(pg::Connection& conn, const CleanupConfig& c,
@@ -344,10 +346,10 @@ Result<CleanupReport> RunCleanup(const CleanupConfig& c) {
 }
 
 int CleanupCommand(CleanupConfig& c) {
-  SetupLogging(c.log);
+  app::SetupLogging(c.log);
   if (auto st = ValidateCleanup(c); !st) {
     spdlog::error("{}", st.error().message);
-    return kExitConfig;
+    return app::kExitConfig;
   }
   if (c.retention_days > kWarnRetentionDays) {
     spdlog::warn(
@@ -358,7 +360,7 @@ int CleanupCommand(CleanupConfig& c) {
   auto report = RunCleanup(c);
   if (!report) {
     spdlog::error("cleanup failed: {}", report.error().message);
-    return ExitCodeOf(report.error());
+    return app::ExitCodeOf(report.error());
   }
   const char* verb = c.dry_run ? "would delete" : "deleted";
   std::printf("cleanup%s: retention %lld days, cutoff %s\n", c.dry_run ? " (dry run)" : "",
@@ -397,7 +399,7 @@ int CleanupCommand(CleanupConfig& c) {
   }
   spdlog::info("cleanup: {} {} outbox rows and {} commit index rows in {:.2f} s", verb,
                report->outbox_rows, report->commit_rows, report->seconds);
-  return kExitOk;
+  return app::kExitOk;
 }
 
-}  // namespace outbox_relay::app
+}  // namespace outbox_relay::ops

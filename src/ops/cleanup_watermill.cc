@@ -20,11 +20,11 @@
 
 #include <thread>
 
-#include "outbox_relay/app/cleanup.h"
+#include "outbox_relay/ops/cleanup.h"
 #include "outbox_relay/pg/rows.h"
 #include "outbox_relay/pipeline/watermill.h"
 
-namespace outbox_relay::app {
+namespace outbox_relay::ops {
 
 namespace {
 
@@ -135,4 +135,4 @@ Result<CleanupReport> RunWatermillCleanup(const CleanupConfig& c) {
   return report;
 }
 
-}  // namespace outbox_relay::app
+}  // namespace outbox_relay::ops

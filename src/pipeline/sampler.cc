@@ -1,16 +1,17 @@
-#include "outbox_relay/app/sampler.h"
+#include "outbox_relay/pipeline/sampler.h"
 
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <optional>
+#include <utility>
 
 #include "outbox_relay/pg/connection.h"
 #include "outbox_relay/pg/replication.h"
 #include "outbox_relay/pg/rows.h"
 #include "outbox_relay/pipeline/watermill.h"
 
-namespace outbox_relay::app {
+namespace outbox_relay::pipeline {
 
 namespace {
 
@@ -24,14 +25,14 @@ struct RowCounts {
 // position are "acked" (processed, as watermill-sql's subscriber counts
 // them), the rest pending; the lag is the oldest pending created_at (a
 // TIMESTAMP without time zone, read in this session's TimeZone).
-Result<RowCounts> WatermillCounts(pg::Connection& conn, const RelayConfig& config, bool counts) {
-  auto resolved = pipeline::ResolveWatermillTables(conn, config.watermill_settings);
+Result<RowCounts> WatermillCounts(pg::Connection& conn, const SamplerOptions& config, bool counts) {
+  auto resolved = ResolveWatermillTables(conn, config.watermill_settings);
   if (!resolved) return std::unexpected(resolved.error());
-  auto positions = pipeline::ReadWatermillPositions(conn, resolved->tables,
-                                                    config.watermill_settings.consumer_group);
+  auto positions =
+      ReadWatermillPositions(conn, resolved->tables, config.watermill_settings.consumer_group);
   if (!positions) return std::unexpected(positions.error());
   RowCounts out;
-  for (const pipeline::OutboxTable& t : resolved->tables) {
+  for (const OutboxTable& t : resolved->tables) {
     outbox::TablePosition p{0, INT64_MIN};
     if (auto it = positions->find(t.name.ToString()); it != positions->end()) p = it->second;
     std::optional<std::string> params[] = {std::to_string(p.transaction_id),
@@ -62,8 +63,8 @@ Result<RowCounts> WatermillCounts(pg::Connection& conn, const RelayConfig& confi
 
 }  // namespace
 
-Sampler::Sampler(const RelayConfig& config, metrics::Metrics* metrics)
-    : config_(config), metrics_(metrics) {}
+Sampler::Sampler(SamplerOptions options, metrics::Metrics* metrics)
+    : config_(std::move(options)), metrics_(metrics) {}
 
 Sampler::~Sampler() { Stop(); }
 
@@ -83,7 +84,7 @@ void Sampler::Stop() {
 
 void Sampler::Loop() {
   using Clock = std::chrono::steady_clock;
-  const std::string table = config_.table_name.Quoted();
+  const std::string table = config_.table.Quoted();
   const std::string acked = pg::QuoteIdent(config_.acked_column);
   const std::string counts_sql = fmt::format(
       "SELECT count(*) FILTER (WHERE {a} IS NOT NULL), count(*) FILTER (WHERE {a} IS NULL) "
@@ -104,7 +105,7 @@ void Sampler::Loop() {
     }
     if (!conn) {
       // The row counts read the whole table: a longer statement timeout.
-      pg::NetworkOptions network = config_.pg_network;
+      pg::NetworkOptions network = config_.network;
       if (network.statement_timeout.count() > 0) {
         network.statement_timeout =
             std::max<std::chrono::milliseconds>(network.statement_timeout, std::chrono::minutes(2));
@@ -182,4 +183,4 @@ void Sampler::Loop() {
   }
 }
 
-}  // namespace outbox_relay::app
+}  // namespace outbox_relay::pipeline

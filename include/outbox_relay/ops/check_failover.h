@@ -13,12 +13,12 @@
 
 #include <vector>
 
-#include "outbox_relay/app/check.h"
+#include "outbox_relay/ops/check.h"
 #include "outbox_relay/pg/connection.h"
 
-namespace outbox_relay::app {
+namespace outbox_relay::ops {
 
 // `primary` is check's connection to DATABASE_URL.
 std::vector<CheckResult> CheckFailover(pg::Connection& primary, const CheckConfig& config);
 
-}  // namespace outbox_relay::app
+}  // namespace outbox_relay::ops

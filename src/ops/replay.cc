@@ -1,4 +1,4 @@
-#include "outbox_relay/app/replay.h"
+#include "outbox_relay/ops/replay.h"
 
 #include <spdlog/spdlog.h>
 
@@ -20,13 +20,14 @@
 #include "outbox_relay/app/signals.h"
 #include "outbox_relay/core/progress.h"
 #include "outbox_relay/kafka/producer.h"
+#include "outbox_relay/ops/commands.h"
 #include "outbox_relay/outbox/record.h"
 #include "outbox_relay/pg/connection.h"
 #include "outbox_relay/pg/relay_schema.h"
 #include "outbox_relay/pg/rows.h"
 #include "outbox_relay/pipeline/progress_report.h"
 
-namespace outbox_relay::app {
+namespace outbox_relay::ops {
 
 namespace {
 
@@ -111,9 +112,9 @@ Result<Range> ResolveRange(pg::Connection& conn, const ReplayConfig& c) {
     std::optional<std::string> params[] = {text};
     auto res = conn.ExecParams("SELECT $1::timestamptz::text", params);
     if (!res) {
-      return BadSetting(flag, env,
-                        fmt::format("'{}' is not a timestamp PostgreSQL accepts ({})", text,
-                                    res.error().message));
+      return app::BadSetting(flag, env,
+                             fmt::format("'{}' is not a timestamp PostgreSQL accepts ({})", text,
+                                         res.error().message));
     }
     auto parsed = pg::Rows(res->get()).Text(0, 0);
     if (!parsed) return std::unexpected(parsed.error());
@@ -206,8 +207,8 @@ Result<outbox::ColumnMap> CheckTable(pg::Connection& conn, const ReplayConfig& c
   auto index = found.Bool(0, 1);
   if (const Error* e = pg::FirstError(table, index)) return std::unexpected(*e);
   if (!*table) {
-    return BadSetting("--table", "OUTBOX_TABLE",
-                      fmt::format("table {} does not exist", c.relay.table_name.ToString()));
+    return app::BadSetting("--table", "OUTBOX_TABLE",
+                           fmt::format("table {} does not exist", c.relay.table_name.ToString()));
   }
   if (!*index) {
     return Fail(ErrorCode::kFatal,
@@ -258,7 +259,7 @@ class Replayer {
 
  private:
   Status StartSink() {
-    auto sink = MakeSink(c_.relay, [this](const kafka::Delivery& d) { state_.OnDelivery(d); });
+    auto sink = app::MakeSink(c_.relay, [this](const kafka::Delivery& d) { state_.OnDelivery(d); });
     if (!sink) return std::unexpected(sink.error());
     if (auto* producer = dynamic_cast<kafka::KafkaProducer*>(sink->get())) {
       if (auto st = producer->CheckConnection(milliseconds(10000)); !st) {
@@ -516,8 +517,8 @@ void PrintSummary(const ReplayConfig& c, const Range& range, const ReplayReport&
 }  // namespace
 
 void AddReplayFlags(CLI::App& app, ReplayConfig& c) {
-  AddRunFlags(app, c.relay);
-  AddLogFlags(app, c.relay.log);
+  app::AddRunFlags(app, c.relay);
+  app::AddLogFlags(app, c.relay.log);
   app.add_option("--from-lsn", c.from_lsn,
                  "Replay transactions whose commit LSN is >= this (X/Y, as pg_lsn prints it)")
       ->envname("OUTBOX_REPLAY_FROM_LSN");
@@ -531,8 +532,8 @@ void AddReplayFlags(CLI::App& app, ReplayConfig& c) {
       ->envname("OUTBOX_REPLAY_TO_TIME");
   app.add_flag("--dry-run", c.dry_run, "Count the rows per topic and event type; produce nothing")
       ->envname("OUTBOX_REPLAY_DRY_RUN");
-  AddIntOption(app, "--page-rows", "OUTBOX_REPLAY_PAGE_ROWS", &c.page_rows, 1, 1'000'000,
-               "Rows read per query (memory stays bounded by it)");
+  app::AddIntOption(app, "--page-rows", "OUTBOX_REPLAY_PAGE_ROWS", &c.page_rows, 1, 1'000'000,
+                    "Rows read per query (memory stays bounded by it)");
   app.footer(
       "Replay re-publishes, in original commit order, the rows (still in the table) of the\n"
       "transactions that the commit-LSN index (outbox_relay.commits) lists for --slot in the\n"
@@ -549,49 +550,51 @@ void AddReplayFlags(CLI::App& app, ReplayConfig& c) {
 
 Status ValidateReplay(ReplayConfig& c) {
   // A dry run needs no Kafka.
-  SinkKind sink = c.relay.sink;
-  if (c.dry_run) c.relay.sink = SinkKind::kNull;
+  app::SinkKind sink = c.relay.sink;
+  if (c.dry_run) c.relay.sink = app::SinkKind::kNull;
   Status st = Validate(c.relay);
   c.relay.sink = sink;
   if (!st) return st;
   if (c.relay.watermill) {
     // The commit index holds the transactions' xids, but replay reads and
     // maps rows of the seed table only.
-    return BadSetting("--table-mode", "OUTBOX_TABLE_MODE",
-                      "replay re-publishes rows of the seed table only; with watermill-sql's "
-                      "tables, stop the relay, move the consumer group's position back in the "
-                      "offsets table and drop the slot (`slot drop --confirm`): the next start "
-                      "publishes every row after the position (docs/migration.md)");
+    return app::BadSetting(
+        "--table-mode", "OUTBOX_TABLE_MODE",
+        "replay re-publishes rows of the seed table only; with watermill-sql's "
+        "tables, stop the relay, move the consumer group's position back in the "
+        "offsets table and drop the slot (`slot drop --confirm`): the next start "
+        "publishes every row after the position (docs/migration.md)");
   }
 
   const bool by_lsn = !c.from_lsn.empty();
   c.by_time = !c.from_time.empty();
   if (!by_lsn && !c.by_time) {
-    return BadSetting("--from-lsn", "OUTBOX_REPLAY_FROM_LSN",
-                      "required (or --from-time): the range of transactions to replay");
+    return app::BadSetting("--from-lsn", "OUTBOX_REPLAY_FROM_LSN",
+                           "required (or --from-time): the range of transactions to replay");
   }
   if (by_lsn && c.by_time) {
-    return BadSetting("--from-time", "OUTBOX_REPLAY_FROM_TIME",
-                      "use either --from-lsn/--to-lsn or --from-time/--to-time, not both");
+    return app::BadSetting("--from-time", "OUTBOX_REPLAY_FROM_TIME",
+                           "use either --from-lsn/--to-lsn or --from-time/--to-time, not both");
   }
   if (by_lsn && !c.to_time.empty()) {
-    return BadSetting("--to-time", "OUTBOX_REPLAY_TO_TIME",
-                      "goes with --from-time, not --from-lsn");
+    return app::BadSetting("--to-time", "OUTBOX_REPLAY_TO_TIME",
+                           "goes with --from-time, not --from-lsn");
   }
   if (c.by_time && !c.to_lsn.empty()) {
-    return BadSetting("--to-lsn", "OUTBOX_REPLAY_TO_LSN", "goes with --from-lsn, not --from-time");
+    return app::BadSetting("--to-lsn", "OUTBOX_REPLAY_TO_LSN",
+                           "goes with --from-lsn, not --from-time");
   }
   if (by_lsn) {
     auto from = Lsn::Parse(c.from_lsn);
-    if (!from) return BadSetting("--from-lsn", "OUTBOX_REPLAY_FROM_LSN", from.error().message);
+    if (!from) return app::BadSetting("--from-lsn", "OUTBOX_REPLAY_FROM_LSN", from.error().message);
     c.from = *from;
     if (!c.to_lsn.empty()) {
       auto to = Lsn::Parse(c.to_lsn);
-      if (!to) return BadSetting("--to-lsn", "OUTBOX_REPLAY_TO_LSN", to.error().message);
+      if (!to) return app::BadSetting("--to-lsn", "OUTBOX_REPLAY_TO_LSN", to.error().message);
       c.to = *to;
       if (c.to < c.from) {
-        return BadSetting("--to-lsn", "OUTBOX_REPLAY_TO_LSN",
-                          fmt::format("{} is before --from-lsn {}", c.to_lsn, c.from_lsn));
+        return app::BadSetting("--to-lsn", "OUTBOX_REPLAY_TO_LSN",
+                               fmt::format("{} is before --from-lsn {}", c.to_lsn, c.from_lsn));
       }
     }
   }
@@ -599,37 +602,37 @@ Status ValidateReplay(ReplayConfig& c) {
 }
 
 int ReplayCommand(ReplayConfig& c) {
-  SetupLogging(c.relay.log);
+  app::SetupLogging(c.relay.log);
   if (auto st = ValidateReplay(c); !st) {
     spdlog::error("{}", st.error().message);
-    return kExitConfig;
+    return app::kExitConfig;
   }
-  g_replay_stop = &InstallStopSignals();
+  g_replay_stop = &app::InstallStopSignals();
   auto conn = pg::Connection::Open(c.relay.database_url, pg::Connection::Mode::kNormal,
                                    "outbox-relay-replay");
   if (!conn) {
     spdlog::error("replay: {}", conn.error().message);
-    return kExitFailure;
+    return app::kExitFailure;
   }
   // Short index lookups only: JIT compilation would cost more than it saves.
   if (auto jit = conn->Exec("SET jit = off"); !jit) {
     spdlog::error("replay: {}", jit.error().message);
-    return kExitFailure;
+    return app::kExitFailure;
   }
   auto columns = CheckTable(*conn, c);
   if (!columns) {
     spdlog::error("replay: {}", columns.error().message);
-    return ExitCodeOf(columns.error());
+    return app::ExitCodeOf(columns.error());
   }
   auto range = ResolveRange(*conn, c);
   if (!range) {
     spdlog::error("{}", range.error().message);
-    return ExitCodeOf(range.error());
+    return app::ExitCodeOf(range.error());
   }
   ReplayReport report;
   if (auto st = Survey(*conn, c, *range, &report); !st) {
     spdlog::error("replay: {}", st.error().message);
-    return kExitFailure;
+    return app::kExitFailure;
   }
   spdlog::info(
       "replay{}: slot {}, {}: {} transactions, {} rows still in the table; {} of them "
@@ -661,12 +664,12 @@ int ReplayCommand(ReplayConfig& c) {
           "--from-lsn {} --to-lsn {} to continue",
           report.resume_from, report.resume_from, report.last_commit_lsn);
     }
-    return st ? kExitFailure : ExitCodeOf(st.error());
+    return st ? app::kExitFailure : app::ExitCodeOf(st.error());
   }
   if (report.poison_skipped > 0) {
     spdlog::warn("replay: {} poison rows skipped (see the warnings above)", report.poison_skipped);
   }
-  return kExitOk;
+  return app::kExitOk;
 }
 
-}  // namespace outbox_relay::app
+}  // namespace outbox_relay::ops

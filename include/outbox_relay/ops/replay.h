@@ -53,13 +53,13 @@ namespace CLI {
 class App;
 }
 
-namespace outbox_relay::app {
+namespace outbox_relay::ops {
 
 inline constexpr std::string_view kReplayHeader = "outbox_replay";
 inline constexpr std::string_view kReplayCommitLsnHeader = "outbox_replay_commit_lsn";
 
 struct ReplayConfig {
-  RelayConfig relay;  // run's flags: database, Kafka, table, slot, mapping
+  app::RelayConfig relay;  // run's flags: database, Kafka, table, slot, mapping
   std::string from_lsn;
   std::string to_lsn;
   std::string from_time;
@@ -109,4 +109,4 @@ struct ReplayReport {
 // stdout. Returns the exit code.
 int ReplayCommand(ReplayConfig& config);
 
-}  // namespace outbox_relay::app
+}  // namespace outbox_relay::ops

@@ -22,6 +22,7 @@
 
 #include "outbox_relay/app/commands.h"
 #include "outbox_relay/app/config.h"
+#include "outbox_relay/ops/commands.h"
 #include "outbox_relay/pg/connection.h"
 #include "outbox_relay/pipeline/progress_report.h"
 
@@ -29,10 +30,10 @@ namespace CLI {
 class App;
 }
 
-namespace outbox_relay::app {
+namespace outbox_relay::ops {
 
 struct CheckConfig {
-  RelayConfig relay;
+  app::RelayConfig relay;
   OutputFormat output = OutputFormat::kText;
   int64_t kafka_timeout_ms = 5000;
   int64_t sample_rows = 1000;  // recent rows whose topics are checked
@@ -90,7 +91,7 @@ std::vector<CheckResult> RunChecks(const CheckConfig& config, pipeline::StepLine
 // --table-mode=watermill: the tables, their topics, offsets tables and the
 // consumer group's positions, privileges and the publication (in place of
 // the seed table's checks; check_watermill.cc).
-std::vector<CheckResult> CheckWatermillTables(pg::Connection& conn, const RelayConfig& config);
+std::vector<CheckResult> CheckWatermillTables(pg::Connection& conn, const app::RelayConfig& config);
 
 // Kafka (check_kafka.cc): a metadata request within --kafka-timeout-ms, the
 // dead-letter and progress topics, and the topics of `sample`.
@@ -102,4 +103,4 @@ std::string FormatChecksJson(const std::vector<CheckResult>& results);
 // The whole command; returns the exit code.
 int CheckCommand(CheckConfig& config);
 
-}  // namespace outbox_relay::app
+}  // namespace outbox_relay::ops

@@ -12,12 +12,12 @@
 
 #include <string>
 
-#include "outbox_relay/app/commands.h"
 #include "outbox_relay/core/failpoint.h"
+#include "outbox_relay/ops/commands.h"
 #include "outbox_relay/pg/relay_schema.h"
 #include "outbox_relay/pipeline/kafka_progress.h"
 
-namespace outbox_relay::app {
+namespace outbox_relay::ops {
 namespace {
 
 std::string BuiltinFeatures() {
@@ -77,4 +77,4 @@ TEST(Version, NamesTheRelayAndTheLibrariesItRunsWith) {
 }
 
 }  // namespace
-}  // namespace outbox_relay::app
+}  // namespace outbox_relay::ops

@@ -1,4 +1,4 @@
-#include "outbox_relay/app/check_failover.h"
+#include "outbox_relay/ops/check_failover.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -10,7 +10,7 @@
 
 #include "outbox_relay/pg/rows.h"
 
-namespace outbox_relay::app {
+namespace outbox_relay::ops {
 
 namespace {
 
@@ -330,7 +330,7 @@ class FailoverChecker {
 
   pg::Connection& primary_;
   const CheckConfig& c_;
-  const RelayConfig& r_;
+  const app::RelayConfig& r_;
   std::optional<std::string> slot_param_[1] = {c_.relay.slot};
   std::vector<CheckResult> out_;
   std::string name_;
@@ -345,4 +345,4 @@ std::vector<CheckResult> CheckFailover(pg::Connection& primary, const CheckConfi
   return FailoverChecker(primary, config).Run();
 }
 
-}  // namespace outbox_relay::app
+}  // namespace outbox_relay::ops

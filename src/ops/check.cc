@@ -1,4 +1,4 @@
-#include "outbox_relay/app/check.h"
+#include "outbox_relay/ops/check.h"
 
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
@@ -10,10 +10,11 @@
 #include <map>
 #include <set>
 
-#include "outbox_relay/app/check_failover.h"
 #include "outbox_relay/app/commands.h"
 #include "outbox_relay/app/logging.h"
-#include "outbox_relay/app/slot_command.h"
+#include "outbox_relay/ops/check_failover.h"
+#include "outbox_relay/ops/commands.h"
+#include "outbox_relay/ops/slot_command.h"
 #include "outbox_relay/outbox/record.h"
 #include "outbox_relay/pg/connection.h"
 #include "outbox_relay/pg/publication.h"
@@ -21,7 +22,7 @@
 #include "outbox_relay/pg/rows.h"
 #include "outbox_relay/pipeline/kafka_progress.h"
 
-namespace outbox_relay::app {
+namespace outbox_relay::ops {
 
 const char* CheckStatusName(CheckStatus status) {
   switch (status) {
@@ -54,7 +55,7 @@ class Checker : CheckList {
     Step("PostgreSQL");
     Database();
     sample_.known = conn_ != nullptr && !table_oid_.empty() && all_columns_ok_;
-    if (r_.delivery == DeliveryMode::kExactlyOnce) {
+    if (r_.delivery == app::DeliveryMode::kExactlyOnce) {
       Step("PostgreSQL, a replication connection (the transactional.id)");
       sample_.transactional_id = TransactionalId();
     }
@@ -168,7 +169,7 @@ class Checker : CheckList {
       if (!c_.standby_url.empty()) Step("the standby (--standby-url)");
       for (CheckResult& r : CheckFailover(*conn_, c_)) out_.push_back(std::move(r));
     }
-    if (r_.delivery == DeliveryMode::kExactlyOnce) Standbys();
+    if (r_.delivery == app::DeliveryMode::kExactlyOnce) Standbys();
     RelaySchema();
     SampleTopics();
   }
@@ -810,7 +811,7 @@ class Checker : CheckList {
   }
 
   const CheckConfig& c_;
-  const RelayConfig& r_;
+  const app::RelayConfig& r_;
   pipeline::StepLine* steps_;
   pg::Connection* conn_ = nullptr;
   int64_t version_num_ = 0;
@@ -831,18 +832,18 @@ class Checker : CheckList {
 }  // namespace
 
 void AddCheckFlags(CLI::App& app, CheckConfig& c) {
-  AddRunFlags(app, c.relay);
-  AddLogFlags(app, c.relay.log);
+  app::AddRunFlags(app, c.relay);
+  app::AddLogFlags(app, c.relay.log);
   AddOutputOption(app, &c.output);
-  AddIntOption(app, "--kafka-timeout-ms", "OUTBOX_CHECK_KAFKA_TIMEOUT_MS", &c.kafka_timeout_ms, 100,
-               600'000, "How long to wait for a broker to answer the metadata request");
+  app::AddIntOption(app, "--kafka-timeout-ms", "OUTBOX_CHECK_KAFKA_TIMEOUT_MS", &c.kafka_timeout_ms,
+                    100, 600'000, "How long to wait for a broker to answer the metadata request");
   app.add_option("--standby-url", c.standby_url,
                  "A physical standby of DATABASE_URL's server (connection string or URI): "
                  "check that it keeps a synced copy of the failover slot (PostgreSQL 17+, "
                  "--failover-slot)")
       ->envname("OUTBOX_STANDBY_URL");
-  AddIntOption(app, "--sample-rows", "OUTBOX_CHECK_SAMPLE_ROWS", &c.sample_rows, 0, 1'000'000,
-               "Newest rows whose event types' topics are checked (0: none)");
+  app::AddIntOption(app, "--sample-rows", "OUTBOX_CHECK_SAMPLE_ROWS", &c.sample_rows, 0, 1'000'000,
+                    "Newest rows whose event types' topics are checked (0: none)");
 }
 
 std::vector<CheckResult> RunChecks(const CheckConfig& config, pipeline::StepLine* steps) {
@@ -881,10 +882,10 @@ std::string FormatChecksJson(const std::vector<CheckResult>& results) {
 }
 
 int CheckCommand(CheckConfig& c) {
-  SetupLogging(c.relay.log);
+  app::SetupLogging(c.relay.log);
   if (auto st = Validate(c.relay); !st) {
     spdlog::error("{}", st.error().message);
-    return kExitConfig;
+    return app::kExitConfig;
   }
   std::vector<CheckResult> results;
   {
@@ -899,7 +900,7 @@ int CheckCommand(CheckConfig& c) {
   std::fflush(stdout);
   bool failed = std::any_of(results.begin(), results.end(),
                             [](const CheckResult& r) { return r.status == CheckStatus::kFail; });
-  return failed ? kExitFailure : kExitOk;
+  return failed ? app::kExitFailure : app::kExitOk;
 }
 
-}  // namespace outbox_relay::app
+}  // namespace outbox_relay::ops

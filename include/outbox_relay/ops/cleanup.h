@@ -39,7 +39,7 @@ namespace CLI {
 class App;
 }
 
-namespace outbox_relay::app {
+namespace outbox_relay::ops {
 
 struct CleanupConfig {
   std::string database_url;
@@ -53,10 +53,10 @@ struct CleanupConfig {
   int64_t batch_sleep_ms = 500;
   bool prune_commits = true;
   bool dry_run = false;
-  LogConfig log;
+  app::LogConfig log;
   // --table-mode=watermill: watermill-sql's tables; a row goes once every
   // consumer group in its offsets table has processed it (cleanup_watermill.cc).
-  WatermillFlags watermill_flags;
+  app::WatermillFlags watermill_flags;
 
   // Filled by ValidateCleanup():
   pg::QualifiedName table_name;
@@ -98,4 +98,4 @@ Status PruneCommitIndex(pg::Connection& conn, const CleanupConfig& config,
 // Returns the exit code.
 int CleanupCommand(CleanupConfig& config);
 
-}  // namespace outbox_relay::app
+}  // namespace outbox_relay::ops

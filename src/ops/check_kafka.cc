@@ -8,13 +8,13 @@
 #include <optional>
 #include <string>
 
-#include "outbox_relay/app/check.h"
 #include "outbox_relay/kafka/admin.h"
 #include "outbox_relay/kafka/producer.h"
 #include "outbox_relay/kafka/progress_log.h"
+#include "outbox_relay/ops/check.h"
 #include "outbox_relay/pipeline/kafka_progress.h"
 
-namespace outbox_relay::app {
+namespace outbox_relay::ops {
 
 namespace {
 
@@ -30,12 +30,12 @@ class KafkaChecker : CheckList {
 
  private:
   void Kafka() {
-    if (r_.sink == SinkKind::kNull) {
+    if (r_.sink == app::SinkKind::kNull) {
       Warn("kafka", "--sink null: records go nowhere (benchmarks only)", "use --sink kafka");
       return;
     }
     auto producer =
-        kafka::KafkaProducer::Create(ProducerOptionsOf(r_), [](const kafka::Delivery&) {});
+        kafka::KafkaProducer::Create(app::ProducerOptionsOf(r_), [](const kafka::Delivery&) {});
     if (!producer) {
       Failed("kafka", producer.error().message,
              "fix --kafka-property / OUTBOX_KAFKA_PROPERTIES (librdkafka property names)");
@@ -68,7 +68,7 @@ class KafkaChecker : CheckList {
     if (r_.on_poison == pipeline::OnPoison::kDeadLetter) {
       Topic(r_.dlq_topic, "dead-letter topic", "");
     }
-    if (r_.delivery == DeliveryMode::kExactlyOnce) ProgressTopic(timeout);
+    if (r_.delivery == app::DeliveryMode::kExactlyOnce) ProgressTopic(timeout);
     if (!sample_.known) return;
     if (sample_.rows == 0) {
       Ok("topics", "the table has no rows yet: no event types to check topics for");
@@ -108,7 +108,7 @@ class KafkaChecker : CheckList {
       return;
     }
     kafka::ProgressLogOptions lo;
-    lo.connection = ProducerOptionsOf(r_);
+    lo.connection = app::ProducerOptionsOf(r_);
     lo.topic = r_.progress_topic.empty() ? pipeline::DefaultProgressTopic(key) : r_.progress_topic;
     lo.timeout = timeout;
     const std::string name = "progress topic " + lo.topic;
@@ -184,7 +184,7 @@ class KafkaChecker : CheckList {
   }
 
   const CheckConfig& c_;
-  const RelayConfig& r_;
+  const app::RelayConfig& r_;
   const TopicSample& sample_;
   kafka::ClusterView cluster_;       // brokers and topics, once they answered
   std::optional<bool> auto_create_;  // broker auto.create.topics.enable; unknown if unreadable
@@ -196,4 +196,4 @@ std::vector<CheckResult> CheckKafka(const CheckConfig& config, const TopicSample
   return KafkaChecker(config, sample).Run();
 }
 
-}  // namespace outbox_relay::app
+}  // namespace outbox_relay::ops

@@ -5,12 +5,12 @@
 
 #include <set>
 
-#include "outbox_relay/app/check.h"
+#include "outbox_relay/ops/check.h"
 #include "outbox_relay/pg/publication.h"
 #include "outbox_relay/pg/rows.h"
 #include "outbox_relay/pipeline/watermill.h"
 
-namespace outbox_relay::app {
+namespace outbox_relay::ops {
 
 namespace {
 
@@ -49,7 +49,7 @@ Result<std::optional<PublicationFlags>> QueryPublicationFlags(pg::Connection& co
 
 }  // namespace
 
-std::vector<CheckResult> CheckWatermillTables(pg::Connection& conn, const RelayConfig& r) {
+std::vector<CheckResult> CheckWatermillTables(pg::Connection& conn, const app::RelayConfig& r) {
   std::vector<CheckResult> out;
   auto add = [&](CheckStatus s, std::string name, std::string detail, std::string fix = "") {
     out.push_back({s, std::move(name), std::move(detail), std::move(fix)});
@@ -175,4 +175,4 @@ std::vector<CheckResult> CheckWatermillTables(pg::Connection& conn, const RelayC
   return out;
 }
 
-}  // namespace outbox_relay::app
+}  // namespace outbox_relay::ops

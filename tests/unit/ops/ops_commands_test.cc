@@ -13,15 +13,15 @@
 #include <optional>
 #include <string>
 
-#include "outbox_relay/app/check.h"
-#include "outbox_relay/app/cleanup.h"
 #include "outbox_relay/app/commands.h"
-#include "outbox_relay/app/replay.h"
-#include "outbox_relay/app/slot_command.h"
+#include "outbox_relay/ops/check.h"
+#include "outbox_relay/ops/cleanup.h"
+#include "outbox_relay/ops/replay.h"
+#include "outbox_relay/ops/slot_command.h"
 #include "outbox_relay/outbox/record.h"
 #include "outbox_relay/pg/rows.h"
 
-namespace outbox_relay::app {
+namespace outbox_relay::ops {
 namespace {
 
 // Sets an environment variable for the scope of one test.
@@ -71,18 +71,18 @@ TEST(OpsHelpers, PrettyBytes) {
 }
 
 TEST(OpsHelpers, ParseIntSettingNamesTheSetting) {
-  EXPECT_EQ(ParseIntSetting("42", "--n", "N", 0, 100), 42);
+  EXPECT_EQ(app::ParseIntSetting("42", "--n", "N", 0, 100), 42);
   for (const char* bad : {"", "4x", "x", " 4", "1e3"}) {
-    auto r = ParseIntSetting(bad, "--n", "OUTBOX_N", 0, 100);
+    auto r = app::ParseIntSetting(bad, "--n", "OUTBOX_N", 0, 100);
     ASSERT_FALSE(r) << bad;
     EXPECT_EQ(r.error().code, ErrorCode::kInvalidArgument);
     EXPECT_NE(r.error().message.find("--n (OUTBOX_N)"), std::string::npos) << r.error().message;
   }
-  auto high = ParseIntSetting("101", "--n", "OUTBOX_N", 0, 100);
+  auto high = app::ParseIntSetting("101", "--n", "OUTBOX_N", 0, 100);
   ASSERT_FALSE(high);
   EXPECT_NE(high.error().message.find("out of range 0..100"), std::string::npos);
-  EXPECT_EQ(ExitCodeOf(high.error()), kExitConfig);
-  EXPECT_EQ(ExitCodeOf(Error{ErrorCode::kTransient, "x"}), kExitFailure);
+  EXPECT_EQ(app::ExitCodeOf(high.error()), app::kExitConfig);
+  EXPECT_EQ(app::ExitCodeOf(Error{ErrorCode::kTransient, "x"}), app::kExitFailure);
 }
 
 // Parses `args` (an integer option's bad value fails there, as CLI11's
@@ -207,10 +207,10 @@ TEST(OpsChoiceSettings, OutputAndLogFormatAreEnumsAndBadValuesNameTheirVariable)
     AddSlotStatusFlags(app, c);
     app.parse("", false);
     EXPECT_EQ(c.output, OutputFormat::kText);
-    EXPECT_EQ(c.log.format, LogFormat::kText);
+    EXPECT_EQ(c.log.format, app::LogFormat::kText);
     app.parse("--output json --log-format json", false);
     EXPECT_EQ(c.output, OutputFormat::kJson);
-    EXPECT_EQ(c.log.format, LogFormat::kJson);
+    EXPECT_EQ(c.log.format, app::LogFormat::kJson);
   }
   {
     CLI::App app;
@@ -284,7 +284,7 @@ TEST(OpsReplaySettings, DryRunNeedsNoKafka) {
   EXPECT_NE(st.error().message.find("KAFKA_BROKERS"), std::string::npos);
   c.dry_run = true;
   EXPECT_TRUE(ValidateReplay(c));
-  EXPECT_EQ(c.relay.sink, SinkKind::kKafka);  // untouched by the dry run's validation
+  EXPECT_EQ(c.relay.sink, app::SinkKind::kKafka);  // untouched by the dry run's validation
 }
 
 TEST(OpsCheckOutput, TextShowsFixesAndJsonParses) {
@@ -421,4 +421,4 @@ TEST(OpsReplayRows, SqlRowsMapLikeStreamedInserts) {
 }
 
 }  // namespace
-}  // namespace outbox_relay::app
+}  // namespace outbox_relay::ops
