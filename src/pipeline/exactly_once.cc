@@ -135,7 +135,7 @@ Result<ExactlyOnce::Verdict> ExactlyOnce::Admit(tracking::Transaction* tx, uint6
                                                                      id.transaction_id, id.offset);
   if (held && options_.skip_committed) return Verdict::kHeld;
   if (auto st = Join(tx); !st) return std::unexpected(st.error());
-  std::lock_guard lock(refused_mu_);
+  MutexLock lock(&refused_mu_);
   // Forgotten once it is dead-lettered: the set holds what one aborted
   // transaction refused, not every refusal ever (a refused again record
   // comes back through Delivered).
@@ -179,7 +179,7 @@ bool ExactlyOnce::OnDelivery(const kafka::Delivery& d) {
     // the abort abandons it). A refusal for good is remembered: when the
     // slot sends the row again, it goes to the dead-letter topic.
     {
-      std::lock_guard lock(refused_mu_);
+      MutexLock lock(&refused_mu_);
       if (d.error->code == ErrorCode::kPoison && parts_.dead_letter_refused) {
         for (const auto& [name, value] : d.headers) {
           if (name == outbox::kUuidHeader) refused_uuids_.insert(std::string(value));
@@ -259,7 +259,7 @@ Status ExactlyOnce::Tick(bool force) {
     if (state_ == State::kCommitting) return Ok();
     std::string reason;
     {
-      std::lock_guard lock(refused_mu_);
+      MutexLock lock(&refused_mu_);
       reason = std::exchange(must_abort_reason_, "");
     }
     StartAbort(reason.empty() ? "a record failed" : reason);

@@ -276,7 +276,7 @@ void Publisher::OnDelivery(const kafka::Delivery& d) {
     }
     if (d.value) refused.value = std::string(*d.value);
     {
-      std::lock_guard lock(refused_mu_);
+      MutexLock lock(&refused_mu_);
       refused_.push_back(std::move(refused));
     }
     has_refused_.store(true, std::memory_order_release);
@@ -290,7 +290,7 @@ void Publisher::OnDelivery(const kafka::Delivery& d) {
 }
 
 void Publisher::DropRefused() {
-  std::lock_guard lock(refused_mu_);
+  MutexLock lock(&refused_mu_);
   refused_.clear();
   has_refused_.store(false, std::memory_order_relaxed);
 }
@@ -299,7 +299,7 @@ Status Publisher::DeadLetterRefused(KeepAlive* keep) {
   if (!has_refused_.load(std::memory_order_acquire)) return Ok();
   std::vector<RefusedRecord> batch;
   {
-    std::lock_guard lock(refused_mu_);
+    MutexLock lock(&refused_mu_);
     batch.swap(refused_);
     has_refused_.store(false, std::memory_order_relaxed);
   }

@@ -7,39 +7,39 @@
 namespace outbox_relay::tracking {
 
 void StandbyMarks::Enable() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   enabled_ = true;
 }
 
 bool StandbyMarks::enabled() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return enabled_;
 }
 
 bool StandbyMarks::keeping() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return enabled_ && standbys_;
 }
 
 void StandbyMarks::Keep(Lsn final_lsn, const RowRange& rows) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (!enabled_ || !standbys_) return;
   if (runs_.size() >= kMaxRuns) runs_.pop_front();
   runs_.push_back(Run{kInvalidLsn, final_lsn, rows.transaction_id, rows.first, rows.last});
 }
 
 void StandbyMarks::SeenAt(TimePoint now) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   seen_ = std::max(seen_, now);
 }
 
 bool StandbyMarks::SeenLately(TimePoint now) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return seen_ != TimePoint{} && now - seen_ < kAway;
 }
 
 void StandbyMarks::Read(const StandbyPositions& read, TimePoint now) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   StandbyPositions standbys = read;
   if (standbys.unknown || standbys.lowest) {
     seen_ = std::max(seen_, now);
@@ -64,24 +64,24 @@ void StandbyMarks::Read(const StandbyPositions& read, TimePoint now) {
 }
 
 void StandbyMarks::DateBackfilled(Lsn lsn) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   for (Run& run : runs_) {
     if (run.final_lsn == kInvalidLsn) run.final_lsn = lsn;
   }
 }
 
 void StandbyMarks::KeepBelow(Lsn lsn) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   std::erase_if(runs_, [&](const Run& run) { return run.final_lsn >= lsn; });
 }
 
 void StandbyMarks::ForEach(const std::function<void(Lsn, const RowRange&)>& fn) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   for (const Run& run : runs_) fn(run.final_lsn, RowRange{run.transaction_id, run.first, run.last});
 }
 
 size_t StandbyMarks::size() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return runs_.size();
 }
 

@@ -48,6 +48,7 @@
 #include <thread>
 #include <vector>
 
+#include "outbox_relay/core/mutex.h"
 #include "outbox_relay/core/result.h"
 #include "outbox_relay/kafka/sink.h"
 #include "outbox_relay/metrics/metrics.h"
@@ -224,11 +225,11 @@ class ExactlyOnce {
   std::atomic<bool> giving_up_{false};  // the destructor: the worker stops retrying
   Status worker_result_;
   std::atomic<bool> must_abort_{false};
-  std::mutex refused_mu_;  // the sink's threads write, the loop thread reads
+  Mutex refused_mu_;  // the sink's threads write, the loop thread reads
   // Refused by the broker in an aborted transaction; std::less<> looks a
   // row's uuid up as a string_view (no allocation per row).
-  std::set<std::string, std::less<>> refused_uuids_;
-  std::string must_abort_reason_;  // guarded by refused_mu_
+  std::set<std::string, std::less<>> refused_uuids_ GUARDED_BY(refused_mu_);
+  std::string must_abort_reason_ GUARDED_BY(refused_mu_);
 };
 
 }  // namespace outbox_relay::pipeline

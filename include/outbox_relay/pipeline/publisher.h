@@ -35,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include "outbox_relay/core/mutex.h"
 #include "outbox_relay/core/result.h"
 #include "outbox_relay/kafka/producer.h"
 #include "outbox_relay/kafka/sink.h"
@@ -193,8 +194,8 @@ class Publisher {
   uint64_t fatal_after_ = 0;  // failpoint
   std::function<void()> inject_fatal_;
 
-  std::mutex refused_mu_;  // the sink's threads push, the loop thread takes
-  std::vector<RefusedRecord> refused_;
+  Mutex refused_mu_;  // the sink's threads push, the loop thread takes
+  std::vector<RefusedRecord> refused_ GUARDED_BY(refused_mu_);
   std::atomic<bool> has_refused_{false};
 
   // InFlightFull's hysteresis (the loop thread's alone): set at the bound,

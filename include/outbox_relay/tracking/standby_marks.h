@@ -30,10 +30,10 @@
 #include <cstddef>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <optional>
 
 #include "outbox_relay/core/lsn.h"
+#include "outbox_relay/core/mutex.h"
 
 namespace outbox_relay::tracking {
 
@@ -88,11 +88,11 @@ class StandbyMarks {
     int64_t first;
     int64_t last;
   };
-  mutable std::mutex mu_;
-  std::deque<Run> runs_;  // in the order kept; bounds never decrease along it
-  bool enabled_ = false;
-  bool standbys_ = true;  // the last read found one (or none was read yet)
-  TimePoint seen_{};      // when a standby was last seen (none: never)
+  mutable Mutex mu_;
+  std::deque<Run> runs_ GUARDED_BY(mu_);  // in the order kept; bounds never decrease along it
+  bool enabled_ GUARDED_BY(mu_) = false;
+  bool standbys_ GUARDED_BY(mu_) = true;  // the last read found one (or none was read yet)
+  TimePoint seen_ GUARDED_BY(mu_){};      // when a standby was last seen (none: never)
 };
 
 }  // namespace outbox_relay::tracking
