@@ -356,16 +356,17 @@ void Marker::ReadStandbys() {
     spdlog::debug("marker: where the standbys are was not read: {}", read.error().message);
     return;
   }
-  if (read->unknown > 0 && !standbys_unknown_said_) {
+  if (read->hidden > 0 && !standbys_unknown_said_) {
     standbys_unknown_said_ = true;
     spdlog::warn(
         "marker: {} standbys' positions are hidden from this role (grant it pg_read_all_stats): "
         "exactly-once keeps every mark in its progress record until its bound, so that a "
         "promoted standby does not publish marked rows again",
-        read->unknown);
+        read->hidden);
   }
-  marks.Read(tracking::StandbyPositions{
-      .written = read->written, .lowest = read->lowest, .unknown = read->unknown > 0});
+  marks.Read(tracking::StandbyPositions{.written = read->written,
+                                        .lowest = read->lowest,
+                                        .unknown = read->hidden + read->starting > 0});
 }
 
 void Marker::Report(const Status& round) {

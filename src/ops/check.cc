@@ -182,12 +182,12 @@ class Checker : CheckList {
       Warn("standby positions", read.error().message, "");
       return;
     }
-    if (read->unknown > 0) {
+    if (read->hidden > 0) {
       Warn("standby positions",
            fmt::format("{} physical walsenders' positions are hidden from role {}: exactly-once "
                        "lists every marked row in its progress record up to a bound, and past "
                        "it a promoted standby may publish rows whose marks it lacks again",
-                       read->unknown, role_),
+                       read->hidden, role_),
            fmt::format("GRANT pg_read_all_stats TO {};", pg::QuoteIdent(role_)));
     } else if (!read->lowest) {
       Ok("standby positions",

@@ -75,16 +75,19 @@ Result<StandbyPositions> ReadStandbyPositions(Connection& conn) {
       "   UNION ALL SELECT restart_lsn FROM pg_replication_slots"
       "   WHERE slot_type = 'physical' AND restart_lsn IS NOT NULL"
       "   AND wal_status IS DISTINCT FROM 'lost') p),"
+      " (SELECT count(*) FROM senders WHERE state IS NULL)::text,"
       " (SELECT count(*) FROM senders WHERE flush_lsn IS NULL"
-      "  AND state IS DISTINCT FROM 'backup')::text";
+      "  AND state IS NOT NULL AND state <> 'backup')::text";
   auto res = conn.Exec(kSql);
   if (!res) return std::unexpected(res.error());
   PGresult* r = res->get();
   StandbyPositions out;
   out.written = ParseLsnOrZero(GetValue(r, 0, 0));
   if (auto lowest = GetValue(r, 0, 1)) out.lowest = ParseLsnOrZero(lowest);
-  std::string_view unknown = GetValue(r, 0, 2).value_or("0");
-  std::from_chars(unknown.data(), unknown.data() + unknown.size(), out.unknown);
+  std::string_view hidden = GetValue(r, 0, 2).value_or("0");
+  std::from_chars(hidden.data(), hidden.data() + hidden.size(), out.hidden);
+  std::string_view starting = GetValue(r, 0, 3).value_or("0");
+  std::from_chars(starting.data(), starting.data() + starting.size(), out.starting);
   return out;
 }
 

@@ -108,22 +108,50 @@ class ExactlyOnceHistory : public RelayTest {
         },
         seconds(60));
   }
-  // The records of the rows in `gone` (published before a promotion, gone
-  // from the database with the old timeline) are counted and left out.
-  std::vector<KafkaRecord> WithoutGone(const Ledger& gone, size_t* gone_published) {
+  // After a promotion: the relay streams from the promoted `standby` again
+  // (a session after the first `sessions`), `fresh` one-row transactions
+  // written there are delivered, the relay stops with 0; then Kafka holds
+  // `shared` and the fresh rows once each, and every row of `gone` (published
+  // before the promotion, gone from the database with the old timeline).
+  void FinishOnThePromotedStandby(RelayProcess& relay, size_t sessions, ThrowawayPostgres& standby,
+                                  int fresh_rows, uint64_t seed, const Ledger& shared,
+                                  const Ledger& gone, const std::string& what) {
+    ASSERT_TRUE(
+        WaitFor([&] { return CountOccurrences(relay.Log(), "streaming from slot") > sessions; },
+                seconds(120)))
+        << "the relay did not stream from the promoted standby:\n"
+        << relay.LogTail(60);
+    WorkloadOptions on_standby = Workload();
+    on_standby.database_url = standby.url();
+    Ledger fresh;
+    {
+      Writer writer(on_standby, &fresh, -1, seed);
+      for (int i = 0; i < fresh_rows; ++i) ASSERT_TRUE(writer.Transaction({.rows = 1}));
+    }
+    EXPECT_EQ(WaitAllAcked(seconds(120)), 0) << DescribeUnacked();
+    relay.Terminate();
+    EXPECT_EQ(relay.Wait(seconds(40)), std::optional<int>(0)) << relay.LogTail();
+
     std::set<std::string> gone_uuids;
     for (const WrittenRow& w : gone.committed()) gone_uuids.insert(w.uuid);
     std::vector<KafkaRecord> records;
-    *gone_published = 0;
+    size_t gone_published = 0;
     for (KafkaRecord& r : Committed()) {
       const KafkaHeader* uuid = r.FindHeader("_watermill_message_uuid");
       if (uuid != nullptr && uuid->value && gone_uuids.contains(*uuid->value)) {
-        ++*gone_published;
+        ++gone_published;
         continue;
       }
       records.push_back(std::move(r));
     }
-    return records;
+    EXPECT_EQ(gone_published, gone_uuids.size());
+    std::vector<WrittenRow> truth = shared.committed();
+    for (const WrittenRow& w : fresh.committed()) truth.push_back(w);
+    fmt::print(
+        "promotion: {} rows both timelines share, {} on the lost timeline only, {} new on "
+        "the promoted one\n",
+        shared.committed().size(), gone_uuids.size(), fresh.committed().size());
+    Check(truth, records, what);
   }
 };
 
@@ -162,32 +190,9 @@ TEST_F(ExactlyOnceHistory, NewRowsOfAPromotedAsyncStandbyAreNotTakenAsAlreadyInK
   standby->Start();
   standby->Promote();
   db_ = std::make_unique<Pg>(standby->url());
-  ASSERT_TRUE(
-      WaitFor([&] { return CountOccurrences(relay.Log(), "streaming from slot") > sessions; },
-              seconds(120)))
-      << "the relay did not stream from the promoted standby:\n"
-      << relay.LogTail(60);
-  WorkloadOptions on_standby = Workload();
-  on_standby.database_url = standby->url();
-  Ledger fresh;  // timeline 2's new rows, at LSNs timeline 1 had published up to
-  {
-    Writer writer(on_standby, &fresh, -1, 363);
-    for (int i = 0; i < 50; ++i) ASSERT_TRUE(writer.Transaction({.rows = 1}));
-  }
-  EXPECT_EQ(WaitAllAcked(seconds(120)), 0) << DescribeUnacked();
-  relay.Terminate();
-  EXPECT_EQ(relay.Wait(seconds(40)), std::optional<int>(0)) << relay.LogTail();
-
-  size_t gone_published = 0;
-  std::vector<KafkaRecord> records = WithoutGone(gone, &gone_published);
-  std::vector<WrittenRow> truth = shared.committed();
-  for (const WrittenRow& w : fresh.committed()) truth.push_back(w);
-  EXPECT_EQ(gone_published, gone.committed().size());
-  fmt::print(
-      "promotion: {} rows both timelines share, {} on the lost timeline only, {} new on "
-      "the promoted one\n",
-      shared.committed().size(), gone.committed().size(), fresh.committed().size());
-  Check(truth, records, "after the promotion of an asynchronous standby");
+  // Timeline 2's new rows, at LSNs timeline 1 had published up to.
+  FinishOnThePromotedStandby(relay, sessions, *standby, 50, 363, shared, gone,
+                             "after the promotion of an asynchronous standby");
   EXPECT_NE(relay.Log().find("trusted below"), std::string::npos)
       << "the relay did not judge the progress against the new history:\n"
       << relay.LogTail(60);
@@ -262,28 +267,8 @@ void ExactlyOnceHistory::PromoteAStandbyWithoutTheLastMarks(bool physical_slot) 
   }
   standby.Promote();
   db_ = std::make_unique<Pg>(standby.url());
-  ASSERT_TRUE(
-      WaitFor([&] { return CountOccurrences(relay.Log(), "streaming from slot") > sessions; },
-              seconds(120)))
-      << "the relay did not stream from the promoted standby:\n"
-      << relay.LogTail(60);
-  WorkloadOptions on_standby = Workload();
-  on_standby.database_url = standby.url();
-  Ledger fresh;
-  {
-    Writer writer(on_standby, &fresh, -1, 373);
-    for (int i = 0; i < 20; ++i) ASSERT_TRUE(writer.Transaction({.rows = 1}));
-  }
-  EXPECT_EQ(WaitAllAcked(seconds(120)), 0) << DescribeUnacked();
-  relay.Terminate();
-  EXPECT_EQ(relay.Wait(seconds(40)), std::optional<int>(0)) << relay.LogTail();
-
-  size_t gone_published = 0;
-  std::vector<KafkaRecord> records = WithoutGone(gone, &gone_published);
-  EXPECT_EQ(gone_published, gone.committed().size());
-  std::vector<WrittenRow> truth = shared.committed();
-  for (const WrittenRow& w : fresh.committed()) truth.push_back(w);
-  Check(truth, records, "after promoting a standby without the last marks");
+  FinishOnThePromotedStandby(relay, sessions, standby, 20, 373, shared, gone,
+                             "after promoting a standby without the last marks");
 }
 
 TEST_F(ExactlyOnceHistory, RowsAPromotedStandbyShowsUnmarkedButKafkaHoldsAreNotPublishedAgain) {

@@ -55,7 +55,8 @@ std::string DescribeInvalidation(const SlotInfo& slot);
 struct StandbyPositions {
   Lsn written;                // pg_current_wal_insert_lsn() at the read
   std::optional<Lsn> lowest;  // the lowest of those positions; nullopt: no standby
-  int unknown = 0;            // walsenders whose position this role cannot read
+  int hidden = 0;    // walsenders whose position this role cannot read (no pg_read_all_stats)
+  int starting = 0;  // walsenders that have not reported a position yet (not a base backup's)
 };
 Result<StandbyPositions> ReadStandbyPositions(Connection& conn);
 
