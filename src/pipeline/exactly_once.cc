@@ -344,6 +344,18 @@ Status ExactlyOnce::ProduceDeferred() {
     if (auto st = parts_.offer(view, deferred_[i], nullptr); !st) {
       // Not taken: neither are those after it; their transactions end with the session.
       for (size_t j = i; j < deferred_.size(); ++j) tracker_->CancelMessage(deferred_[j]);
+      // The progress counted them when they were deferred (Produced): the
+      // open Kafka transaction lacks rows its record would say it holds, so
+      // it must not commit (a later Finish would): it is aborted, and its
+      // PostgreSQL transactions are sent again.
+      {
+        MutexLock lock(&refused_mu_);
+        if (must_abort_reason_.empty()) {
+          must_abort_reason_ =
+              fmt::format("records read during a flush were not taken: {}", st.error().message);
+        }
+      }
+      must_abort_.store(true, std::memory_order_release);
       result = st;
       break;
     }

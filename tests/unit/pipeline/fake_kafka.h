@@ -193,6 +193,8 @@ class FakeTxnSink final : public kafka::TransactionalSink {
   bool auto_ack = true;
   // Returned by the next CommitTransaction instead of committing (once).
   std::optional<Error> commit_fault;
+  // The producer's queue is full once this many records were produced.
+  std::optional<size_t> full_at;
 
   Result<Accepted> Produce(const outbox::KafkaRecord& record, void* opaque) override {
     size_t index;
@@ -201,6 +203,7 @@ class FakeTxnSink final : public kafka::TransactionalSink {
       if (!initialised_) return Fail(ErrorCode::kFatal, "fake: produce before init");
       if (!lanes_[open_].begun)
         return Fail(ErrorCode::kFatal, "fake: produce outside a transaction");
+      if (full_at && records_.size() >= *full_at) return Accepted::kQueueFull;
       Produced p;
       p.topic = std::string(record.topic);
       if (record.key) p.key = std::string(*record.key);

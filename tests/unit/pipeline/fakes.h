@@ -550,7 +550,9 @@ class Pipeline {
   // Steps the session (and the marker, unless paused) until it waits for
   // the server, is held back, or ended; a Kafka commit under way on the
   // worker thread is waited for. The session's end is in done() and result().
-  void RunUntilIdle() {
+  // `wait_for_commit` false: returns while a Kafka commit is under way (its
+  // flush waits for acknowledgements the test gives).
+  void RunUntilIdle(bool wait_for_commit = true) {
     for (int turns = 0; turns < 1'000'000 && session_ && !done_; ++turns) {
       bool marked = marker_.MarkNow();
       auto step = session_->Step();
@@ -565,7 +567,7 @@ class Pipeline {
         return;
       }
       if (step->state == StreamSession::StepResult::kBusy || marked) continue;
-      if (eos_ != nullptr && eos_->busy()) {
+      if (wait_for_commit && eos_ != nullptr && eos_->busy()) {
         std::this_thread::sleep_for(std::chrono::microseconds(20));  // the commit worker
         continue;
       }
@@ -596,6 +598,11 @@ class Pipeline {
     return result_;
   }
   Status result() const { return result_; }
+  // A stop request, seen now, without stepping anything.
+  void RequestStop() {
+    stop_flag_ = true;
+    (void)stop_.requested();
+  }
   ManualClock& clock() { return clock_; }
   // The marker marks everything delivered (a stepped pipeline's marker only
   // marks when stepped).
