@@ -26,7 +26,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using pipeline::RelayStats;
-using pipeline::UnixMicrosNow;
 using std::chrono::milliseconds;
 
 // Sleeps up to `d` in small steps so a stop request is noticed quickly; the
