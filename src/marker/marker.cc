@@ -356,8 +356,8 @@ void Marker::ReadStandbys() {
     spdlog::debug("marker: where the standbys are was not read: {}", read.error().message);
     return;
   }
-  if (read->hidden > 0 && !standbys_unknown_said_) {
-    standbys_unknown_said_ = true;
+  if (read->hidden > 0 && !standbys_hidden_said_) {
+    standbys_hidden_said_ = true;
     spdlog::warn(
         "marker: {} standbys' positions are hidden from this role (grant it pg_read_all_stats): "
         "exactly-once keeps every mark in its progress record until its bound, so that a "

@@ -106,6 +106,8 @@ Status ExactlyOnce::Trust(const std::optional<std::string>& value, const Progres
   if (facts_.history.timeline != 0 && facts.history != facts_.history) {
     tracker_->standby_marks().KeepBelow(DivergencePoint(facts_.history, facts.history));
   }
+  // Rows a backfill publishes were committed before the slot's consistent point.
+  tracker_->standby_marks().SetBackfilledBefore(Lsn::Parse(facts.incarnation).value_or(Lsn()));
   // The instance before saw a standby lately: one that is away now (it
   // reconnects after a restart of the primary) is waited for.
   if (trusted.standbys) tracker_->standby_marks().SeenAt();
@@ -429,7 +431,6 @@ void ExactlyOnce::BuildRecord() {
   });
   // Marked rows an asynchronous standby may still show unmarked: listed
   // last, so that past the bound they are the ones forgotten.
-  standby_marks.DateBackfilled(backfilled_before);
   standby_marks.ForEach([&](Lsn lsn, const tracking::RowRange& r) {
     p.unmarked.Add(HeldRun{lsn, r.transaction_id, r.first, r.last});
   });

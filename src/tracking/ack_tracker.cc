@@ -234,14 +234,12 @@ void AckTracker::WaitDelivered(size_t count, std::chrono::milliseconds timeout) 
 }
 
 void AckTracker::OnMarked(const std::vector<Transaction*>& txs) {
-  const bool keep = standby_marks_.keeping();
   std::lock_guard lock(mu_);
   for (Transaction* tx : txs) {
     tx->marked = true;
     --awaiting_mark_;
-    if (!keep) continue;
-    for (const RowRange& run : tx->row_ranges) standby_marks_.Keep(tx->final_lsn, run);
   }
+  standby_marks_.KeepMarked(txs);  // before AdvanceLocked may free them
   AdvanceLocked();
   progress_.notify_all();
 }

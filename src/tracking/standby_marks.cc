@@ -23,9 +23,27 @@ bool StandbyMarks::keeping() const {
 
 void StandbyMarks::Keep(Lsn final_lsn, const RowRange& rows) {
   MutexLock lock(&mu_);
+  KeepLocked(final_lsn, rows);
+}
+
+void StandbyMarks::KeepMarked(const std::vector<Transaction*>& txs) {
+  MutexLock lock(&mu_);
+  if (!enabled_ || !standbys_) return;
+  for (const Transaction* tx : txs) {
+    for (const RowRange& run : tx->row_ranges) KeepLocked(tx->final_lsn, run);
+  }
+}
+
+void StandbyMarks::KeepLocked(Lsn final_lsn, const RowRange& rows) {
   if (!enabled_ || !standbys_) return;
   if (runs_.size() >= kMaxRuns) runs_.pop_front();
-  runs_.push_back(Run{kInvalidLsn, final_lsn, rows.transaction_id, rows.first, rows.last});
+  const Lsn lsn = final_lsn != kInvalidLsn ? final_lsn : backfilled_before_;
+  runs_.push_back(Run{kInvalidLsn, lsn, rows.transaction_id, rows.first, rows.last});
+}
+
+void StandbyMarks::SetBackfilledBefore(Lsn lsn) {
+  MutexLock lock(&mu_);
+  backfilled_before_ = lsn;
 }
 
 void StandbyMarks::SeenAt(TimePoint now) {
@@ -35,6 +53,10 @@ void StandbyMarks::SeenAt(TimePoint now) {
 
 bool StandbyMarks::SeenLately(TimePoint now) const {
   MutexLock lock(&mu_);
+  return SeenLatelyLocked(now);
+}
+
+bool StandbyMarks::SeenLatelyLocked(TimePoint now) const {
   return seen_ != TimePoint{} && now - seen_ < kAway;
 }
 
@@ -43,7 +65,7 @@ void StandbyMarks::Read(const StandbyPositions& read, TimePoint now) {
   StandbyPositions standbys = read;
   if (standbys.unknown || standbys.lowest) {
     seen_ = std::max(seen_, now);
-  } else if (seen_ != TimePoint{} && now - seen_ < kAway) {
+  } else if (SeenLatelyLocked(now)) {
     standbys.unknown = true;  // away lately: reconnecting, its position unknown
   }
   standbys_ = standbys.unknown || standbys.lowest.has_value();
@@ -60,13 +82,6 @@ void StandbyMarks::Read(const StandbyPositions& read, TimePoint now) {
   while (!runs_.empty() && runs_.front().bound != kInvalidLsn &&
          runs_.front().bound <= *standbys.lowest) {
     runs_.pop_front();
-  }
-}
-
-void StandbyMarks::DateBackfilled(Lsn lsn) {
-  MutexLock lock(&mu_);
-  for (Run& run : runs_) {
-    if (run.final_lsn == kInvalidLsn) run.final_lsn = lsn;
   }
 }
 

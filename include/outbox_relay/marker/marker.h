@@ -213,7 +213,7 @@ class Marker {
   // instance's (see MarkSql): read when connecting, raised by each statement.
   Lsn indexed_through_;
   std::chrono::steady_clock::time_point standbys_read_{};  // ReadStandbys' last read
-  bool standbys_unknown_said_ = false;
+  bool standbys_hidden_said_ = false;
 };
 
 }  // namespace outbox_relay::marker

@@ -31,6 +31,7 @@
 #include <deque>
 #include <functional>
 #include <optional>
+#include <vector>
 
 #include "outbox_relay/core/lsn.h"
 #include "outbox_relay/core/mutex.h"
@@ -38,6 +39,7 @@
 namespace outbox_relay::tracking {
 
 struct RowRange;
+struct Transaction;
 
 // Where the standbys are, read on the primary.
 struct StandbyPositions {
@@ -60,9 +62,16 @@ class StandbyMarks {
   bool keeping() const;
 
   // The rows `rows` of the transaction committed at `final_lsn` (kInvalidLsn:
-  // a backfilled row) are marked, or will be by a mark committed before the
-  // next Read: kept until every standby has that mark.
+  // a backfilled row, committed before SetBackfilledBefore's position) are
+  // marked, or will be by a mark committed before the next Read: kept until
+  // every standby has that mark.
   void Keep(Lsn final_lsn, const RowRange& rows);
+  // The rows of `txs`, marked (AckTracker::OnMarked): Keep for each, under
+  // one lock.
+  void KeepMarked(const std::vector<Transaction*>& txs);
+  // Backfilled rows kept from now on were committed before `lsn` (the
+  // consistent point of the slot the relay reads now).
+  void SetBackfilledBefore(Lsn lsn);
   // The standbys as read after some marks committed, at `now`.
   void Read(const StandbyPositions& standbys, TimePoint now = std::chrono::steady_clock::now());
   // A standby was seen at `now` (by an earlier process: its progress record
@@ -70,9 +79,6 @@ class StandbyMarks {
   void SeenAt(TimePoint now = std::chrono::steady_clock::now());
   // Whether a standby was seen within kAway of `now`.
   bool SeenLately(TimePoint now = std::chrono::steady_clock::now()) const;
-  // Backfilled rows kept so far were committed before `lsn` (the slot's
-  // consistent point).
-  void DateBackfilled(Lsn lsn);
   // Forgets the rows of transactions committed at or after `lsn` (the server
   // now writes a timeline that parted from theirs there).
   void KeepBelow(Lsn lsn);
@@ -81,6 +87,8 @@ class StandbyMarks {
   size_t size() const;
 
  private:
+  void KeepLocked(Lsn final_lsn, const RowRange& rows) REQUIRES(mu_);
+  bool SeenLatelyLocked(TimePoint now) const REQUIRES(mu_);
   struct Run {
     Lsn bound;  // a position the mark is below (kInvalidLsn: not read since)
     Lsn final_lsn;
@@ -91,8 +99,9 @@ class StandbyMarks {
   mutable Mutex mu_;
   std::deque<Run> runs_ GUARDED_BY(mu_);  // in the order kept; bounds never decrease along it
   bool enabled_ GUARDED_BY(mu_) = false;
-  bool standbys_ GUARDED_BY(mu_) = true;  // the last read found one (or none was read yet)
-  TimePoint seen_ GUARDED_BY(mu_){};      // when a standby was last seen (none: never)
+  bool standbys_ GUARDED_BY(mu_) = true;   // the last read found one (or none was read yet)
+  TimePoint seen_ GUARDED_BY(mu_){};       // when a standby was last seen (none: never)
+  Lsn backfilled_before_ GUARDED_BY(mu_);  // SetBackfilledBefore
 };
 
 }  // namespace outbox_relay::tracking

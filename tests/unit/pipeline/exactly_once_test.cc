@@ -602,12 +602,12 @@ TEST(StandbyMarks, AMarkIsKeptUntilEveryStandbyHasItAndNothingWithoutStandbys) {
   // Read at 0x100: both marks are below it; the standby has WAL below 0x80.
   marks.Read({.written = Lsn(0x100), .lowest = Lsn(0x80)});
   EXPECT_EQ(marks.size(), 2u);
+  marks.SetBackfilledBefore(Lsn(0x50));
   marks.Keep(kInvalidLsn, {9, 0, 0});  // a backfilled row
   marks.Read({.written = Lsn(0x200), .lowest = Lsn(0x100)});
   EXPECT_EQ(marks.size(), 1u) << "the standby has the first two marks";
   marks.Read({.written = Lsn(0x300), .lowest = Lsn(0x100), .unknown = true});
   EXPECT_EQ(marks.size(), 1u) << "a standby whose position is hidden keeps every mark";
-  marks.DateBackfilled(Lsn(0x50));
   std::vector<Lsn> dated;
   marks.ForEach([&](Lsn lsn, const tracking::RowRange&) { dated.push_back(lsn); });
   EXPECT_EQ(dated, std::vector<Lsn>{Lsn(0x50)});
