@@ -15,7 +15,7 @@ Transaction* AckTracker::Begin(Lsn final_lsn, PgTimestamp commit_time, uint32_t 
   tx->commit_time = commit_time;
   tx->xid = xid;
   Transaction* raw = tx.get();
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   in_flight_.push_back(std::move(tx));
   return raw;
 }
@@ -95,7 +95,7 @@ void AckTracker::AbandonHeld(const std::vector<Transaction*>& txs) {
   uint64_t first = UINT64_MAX;
   for (const Transaction* tx : txs) first = std::min(first, tx->seq);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     for (const auto& tx : in_flight_) {
       if (tx->seq >= first) tx->abandoned = true;
     }
@@ -107,7 +107,7 @@ void AckTracker::OnDelivered(Transaction* tx) {
   tx->unreported.fetch_sub(1, std::memory_order_relaxed);
   rows_in_flight_.fetch_sub(1, std::memory_order_relaxed);
   if (failpoint::kCompiledIn && unsafe_confirm_newest_) [[unlikely]] {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     confirmed_.store(std::max(confirmed_.load(), newest_end_.load()), std::memory_order_release);
   }
   Release(tx, 1);
@@ -116,14 +116,14 @@ void AckTracker::OnDelivered(Transaction* tx) {
 void AckTracker::OnFailed(Transaction* tx, std::string reason, bool retryable) {
   tx->unreported.fetch_sub(1, std::memory_order_relaxed);
   rows_in_flight_.fetch_sub(1, std::memory_order_relaxed);
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   failure_retryable_ = (failure_ ? failure_retryable_ : true) && retryable;
   if (!failure_) failure_ = std::move(reason);
   failed_seq_ = std::min(failed_seq_, tx->seq);
   // The transaction never completes: its pending count keeps the token of
   // the failed message, so it can neither be marked nor confirmed.
-  progress_.notify_all();
-  delivered_.notify_all();
+  progress_.NotifyAll();
+  delivered_.NotifyAll();
 }
 
 void AckTracker::Release(Transaction* tx, int64_t count) {
@@ -133,7 +133,7 @@ void AckTracker::Release(Transaction* tx, int64_t count) {
 }
 
 void AckTracker::Complete(Transaction* tx) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   tx->delivered = true;
 
   if (tx->abandoned || !marking_ || tx->row_ranges.empty()) {
@@ -147,10 +147,10 @@ void AckTracker::Complete(Transaction* tx) {
   } else {
     to_mark_.push_back(tx);
     ++awaiting_mark_;
-    delivered_.notify_one();
+    delivered_.NotifyOne();
   }
   AdvanceLocked();
-  progress_.notify_all();
+  progress_.NotifyAll();
 }
 
 void AckTracker::AdvanceLocked() {
@@ -174,7 +174,7 @@ void AckTracker::AdvanceLocked() {
 }
 
 bool AckTracker::ResetConfirmed(Lsn position) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (!in_flight_.empty()) return false;
   follow_when_drained_ = 0;
   confirmed_.store(position.value(), std::memory_order_release);
@@ -182,14 +182,14 @@ bool AckTracker::ResetConfirmed(Lsn position) {
 }
 
 void AckTracker::RaiseConfirmed(Lsn position) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (position.value() > confirmed_.load(std::memory_order_relaxed)) {
     confirmed_.store(position.value(), std::memory_order_release);
   }
 }
 
 void AckTracker::ForEachUnmarked(const std::function<void(const Transaction&)>& fn) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   for (const auto& tx : in_flight_) {
     if (tx->marked || tx->abandoned || tx->row_ranges.empty()) continue;
     fn(*tx);
@@ -197,7 +197,7 @@ void AckTracker::ForEachUnmarked(const std::function<void(const Transaction&)>& 
 }
 
 bool AckTracker::FollowServer(Lsn wal_end) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   // Between transactions: every commit before wal_end was received.
   idle_wal_end_.store(std::max(idle_wal_end_.load(std::memory_order_relaxed), wal_end.value()),
                       std::memory_order_relaxed);
@@ -219,8 +219,11 @@ bool AckTracker::FollowServer(Lsn wal_end) {
 
 void AckTracker::TakeDelivered(std::vector<Transaction*>* out, size_t max,
                                std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mu_);
-  delivered_.wait_for(lock, timeout, [&] { return !to_mark_.empty(); });
+  const auto deadline = CondVar::Clock::now() + timeout;
+  MutexLock lock(&mu_);
+  while (to_mark_.empty()) {
+    if (!delivered_.WaitUntil(&mu_, deadline)) break;
+  }
   while (!to_mark_.empty() && out->size() < max) {
     out->push_back(to_mark_.front());
     to_mark_.pop_front();
@@ -228,36 +231,39 @@ void AckTracker::TakeDelivered(std::vector<Transaction*>* out, size_t max,
 }
 
 void AckTracker::WaitDelivered(size_t count, std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mu_);
+  const auto deadline = CondVar::Clock::now() + timeout;
+  MutexLock lock(&mu_);
   const uint64_t woken = wakes_;
-  delivered_.wait_for(lock, timeout, [&] { return to_mark_.size() >= count || wakes_ != woken; });
+  while (to_mark_.size() < count && wakes_ == woken) {
+    if (!delivered_.WaitUntil(&mu_, deadline)) break;
+  }
 }
 
 void AckTracker::OnMarked(const std::vector<Transaction*>& txs) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   for (Transaction* tx : txs) {
     tx->marked = true;
     --awaiting_mark_;
   }
   standby_marks_.KeepMarked(txs);  // before AdvanceLocked may free them
   AdvanceLocked();
-  progress_.notify_all();
+  progress_.NotifyAll();
 }
 
 void AckTracker::Unmarkable(const std::vector<Transaction*>& txs, std::string reason) {
   if (txs.empty()) return;
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   for (const Transaction* tx : txs) {
     --awaiting_mark_;
     failed_seq_ = std::min(failed_seq_, tx->seq);
   }
   failure_retryable_ = failure_ ? failure_retryable_ : true;
   if (!failure_) failure_ = std::move(reason);
-  progress_.notify_all();
+  progress_.NotifyAll();
 }
 
 Lsn AckTracker::DeliveredThrough() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   for (const auto& tx : in_flight_) {
     if (!tx->delivered) return tx->final_lsn;
   }
@@ -270,7 +276,7 @@ std::optional<std::string> AckTracker::ExpireOverdue(std::chrono::steady_clock::
                                                      std::chrono::milliseconds timeout) {
   const int64_t now_ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (failure_) return std::nullopt;
   for (const auto& tx : in_flight_) {
     if (tx->delivered || tx->unreported.load(std::memory_order_acquire) <= 0) continue;
@@ -284,20 +290,20 @@ std::optional<std::string> AckTracker::ExpireOverdue(std::chrono::steady_clock::
                " ms after they were produced";
     failure_retryable_ = true;
     failed_seq_ = std::min(failed_seq_, tx->seq);
-    progress_.notify_all();
-    delivered_.notify_all();
+    progress_.NotifyAll();
+    delivered_.NotifyAll();
     return failure_;
   }
   return std::nullopt;
 }
 
 bool AckTracker::failure_retryable() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return failure_.has_value() && failure_retryable_;
 }
 
 bool AckTracker::Restart() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (!to_mark_.empty() || awaiting_mark_.load() != 0) return false;
   in_flight_.clear();
   follow_when_drained_ = 0;
@@ -305,49 +311,53 @@ bool AckTracker::Restart() {
   failure_.reset();
   failure_retryable_ = false;
   failed_seq_ = UINT64_MAX;
-  progress_.notify_all();
+  progress_.NotifyAll();
   return true;
 }
 
 bool AckTracker::empty() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return in_flight_.empty();
 }
 
 size_t AckTracker::awaiting_mark() const { return awaiting_mark_.load(std::memory_order_relaxed); }
 
 std::optional<std::string> AckTracker::failure() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return failure_;
 }
 
 TrackerStats AckTracker::stats() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return TrackerStats{in_flight_.size(), rows_in_flight_.load(std::memory_order_relaxed),
                       awaiting_mark_.load(), Lsn(confirmed_.load(std::memory_order_relaxed))};
 }
 
 void AckTracker::WaitForProgress(std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mu_);
-  progress_.wait_for(lock, timeout);
+  const auto deadline = CondVar::Clock::now() + timeout;
+  MutexLock lock(&mu_);
+  progress_.WaitUntil(&mu_, deadline);
 }
 
 bool AckTracker::WaitEmpty(std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mu_);
-  progress_.wait_for(lock, timeout, [&] { return in_flight_.empty() || failure_.has_value(); });
+  const auto deadline = CondVar::Clock::now() + timeout;
+  MutexLock lock(&mu_);
+  while (!in_flight_.empty() && !failure_.has_value()) {
+    if (!progress_.WaitUntil(&mu_, deadline)) break;
+  }
   return in_flight_.empty() && !failure_;
 }
 
 void AckTracker::Notify() {
-  std::lock_guard lock(mu_);
-  progress_.notify_all();
+  MutexLock lock(&mu_);
+  progress_.NotifyAll();
 }
 
 void AckTracker::Wake() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   ++wakes_;
-  progress_.notify_all();
-  delivered_.notify_all();
+  progress_.NotifyAll();
+  delivered_.NotifyAll();
 }
 
 }  // namespace outbox_relay::tracking

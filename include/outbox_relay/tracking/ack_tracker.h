@@ -24,18 +24,17 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "outbox_relay/core/failpoint.h"
 #include "outbox_relay/core/lsn.h"
+#include "outbox_relay/core/mutex.h"
 #include "outbox_relay/core/pg_time.h"
 #include "outbox_relay/tracking/standby_marks.h"
 
@@ -219,20 +218,20 @@ class AckTracker {
   StandbyMarks& standby_marks() { return standby_marks_; }
 
  private:
-  void Complete(Transaction* tx);                // pending reached 0
-  void AdvanceLocked();                          // pop the done prefix
+  void Complete(Transaction* tx) EXCLUDES(mu_);  // pending reached 0
+  void AdvanceLocked() REQUIRES(mu_);            // pop the done prefix
   void Release(Transaction* tx, int64_t count);  // pending -= count
 
-  mutable std::mutex mu_;
-  std::condition_variable progress_;                    // deliveries, marks, confirmations
-  std::condition_variable delivered_;                   // for the marker
-  uint64_t wakes_ = 0;                                  // Wake calls (ends WaitDelivered)
-  std::deque<std::unique_ptr<Transaction>> in_flight_;  // stream order
-  std::deque<Transaction*> to_mark_;                    // delivered, not taken yet
-  std::atomic<size_t> awaiting_mark_{0};                // written under mu_, read without it
-  std::optional<std::string> failure_;
-  bool failure_retryable_ = false;
-  uint64_t failed_seq_ = UINT64_MAX;  // nothing at or after it is confirmed
+  mutable Mutex mu_;
+  CondVar progress_;                    // deliveries, marks, confirmations
+  CondVar delivered_;                   // for the marker
+  uint64_t wakes_ GUARDED_BY(mu_) = 0;  // Wake calls (ends WaitDelivered)
+  std::deque<std::unique_ptr<Transaction>> in_flight_ GUARDED_BY(mu_);  // stream order
+  std::deque<Transaction*> to_mark_ GUARDED_BY(mu_);                    // delivered, not taken yet
+  std::atomic<size_t> awaiting_mark_{0};  // written under mu_, read without it
+  std::optional<std::string> failure_ GUARDED_BY(mu_);
+  bool failure_retryable_ GUARDED_BY(mu_) = false;
+  uint64_t failed_seq_ GUARDED_BY(mu_) = UINT64_MAX;  // nothing at or after it is confirmed
   std::atomic<uint64_t> confirmed_{0};
   std::atomic<int64_t> rows_in_flight_{0};
   uint64_t next_seq_ = 0;
@@ -241,8 +240,8 @@ class AckTracker {
   std::atomic<uint64_t> newest_end_{0};    // end of the last committed transaction received
   std::atomic<uint64_t> idle_wal_end_{0};  // wal_end of the last keepalive between transactions
   // wal_end of a keepalive between transactions that came while some were in
-  // flight: confirmed once they all are (0: none). Guarded by mu_.
-  uint64_t follow_when_drained_ = 0;
+  // flight: confirmed once they all are (0: none).
+  uint64_t follow_when_drained_ GUARDED_BY(mu_) = 0;
   StandbyMarks standby_marks_;
 };
 
