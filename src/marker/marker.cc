@@ -6,6 +6,7 @@
 #include <charconv>
 #include <future>
 
+#include "outbox_relay/pg/commit_index.h"
 #include "outbox_relay/pg/replication.h"
 #include "outbox_relay/pg/rows.h"
 
@@ -86,18 +87,7 @@ std::string Marker::MarkSql(const MarkerOptions& o) {
                                        fmt::arg("offset", pg::QuoteIdent(o.offset_column)),
                                        fmt::arg("xid", pg::QuoteIdent(o.transaction_id_column)));
   // The visible commits of the batch, as commit-index rows.
-  const std::string insert =
-      "INSERT INTO outbox_relay.commits"
-      " (slot_name, commit_lsn, end_lsn, transaction_ids, commit_time, row_count)"
-      " SELECT $4, c.commit_lsn, c.end_lsn,"
-      " CASE WHEN c.more IS NULL THEN ARRAY[c.x] ELSE c.x || c.more::xid8[] END,"
-      " timestamptz '2000-01-01 00:00:00+00' + c.micros * interval '1 microsecond', c.row_count"
-      " FROM unnest($5::pg_lsn[], $6::pg_lsn[], $7::xid8[], $10::text[], $8::bigint[], $9::int[])"
-      " AS c(commit_lsn, end_lsn, x, more, micros, row_count)"
-      " WHERE c.commit_lsn <> '0/0'::pg_lsn"  // backfilled rows have no commit LSN
-      " AND pg_visible_in_snapshot(c.x, pg_current_snapshot())"
-      " AND (c.more IS NULL OR NOT EXISTS (SELECT 1 FROM unnest(c.more::xid8[]) AS y"
-      "  WHERE NOT pg_visible_in_snapshot(y, pg_current_snapshot())))";
+  const std::string insert = pg::IndexCommitsSql();
   return fmt::format(
       "WITH runs AS (SELECT * FROM unnest($1::xid8[], $2::bigint[], $3::bigint[])"
       " AS r(x, first, last)"
@@ -144,15 +134,9 @@ Status Marker::Connect(size_t i) {
     }
   }
   if (i == 0) {
-    std::optional<std::string> slot[] = {options_.slot_name};
-    auto newest = conn->ExecParams(
-        "SELECT coalesce(max(commit_lsn), '0/0')::text FROM outbox_relay.commits"
-        " WHERE slot_name = $1",
-        slot);
+    auto newest = pg::NewestIndexedCommit(*conn, options_.slot_name);
     if (!newest) return std::unexpected(newest.error());
-    auto lsn = Lsn::Parse(pg::GetValue(newest->get(), 0, 0).value_or(""));
-    if (!lsn) return std::unexpected(lsn.error());
-    indexed_through_ = *lsn;
+    indexed_through_ = *newest;
   }
   if (auto st = conn->Prepare(kStatementName, MarkSql(options_), 11); !st) return st;
   lane.conn.emplace(std::move(*conn));

@@ -14,6 +14,7 @@
 #include "outbox_relay/app/logging.h"
 #include "outbox_relay/core/progress.h"
 #include "outbox_relay/ops/commands.h"
+#include "outbox_relay/pg/commit_index.h"
 #include "outbox_relay/pg/relay_schema.h"
 #include "outbox_relay/pg/rows.h"
 #include "outbox_relay/pipeline/progress_report.h"
@@ -227,9 +228,7 @@ Status PruneCommitIndex(pg::Connection& conn, const CleanupConfig& c,
                         std::span<const std::optional<std::string>> params, CleanupReport* report) {
   const auto sleep = std::chrono::milliseconds(c.batch_sleep_ms);
   if (c.prune_commits) {
-    auto exists = conn.Exec("SELECT to_regclass('outbox_relay.commits') IS NOT NULL");
-    if (!exists) return std::unexpected(exists.error());
-    auto found = pg::Rows(exists->get()).Bool(0, 0);
+    auto found = pg::CommitIndexExists(conn);
     if (!found) return std::unexpected(found.error());
     report->commit_index_exists = *found;
   }
@@ -240,23 +239,14 @@ Status PruneCommitIndex(pg::Connection& conn, const CleanupConfig& c,
     if (!schema) return std::unexpected(schema.error());
     if (auto st = pg::CheckRelaySchema(*schema); !st) return st;
     if (c.dry_run) {
-      auto n = Count(
-          conn, "SELECT count(*) FROM outbox_relay.commits WHERE commit_time < $1::timestamptz",
-          params.first(1));
+      auto n = Count(conn, std::string(pg::kCountCommitsBefore), params.first(1));
       if (!n) return std::unexpected(n.error());
       report->commit_rows = *n;
     } else {
-      auto deleted = DeleteInBatches(
-          conn,
-          "WITH victims AS ("
-          " SELECT slot_name, commit_lsn FROM outbox_relay.commits"
-          " WHERE commit_time < $1::timestamptz ORDER BY slot_name, commit_lsn LIMIT $2::bigint"
-          ") DELETE FROM outbox_relay.commits c USING victims v"
-          " WHERE c.slot_name = v.slot_name AND c.commit_lsn = v.commit_lsn",
-          params, c.batch_size, sleep, "outbox_relay.commits",
-          PlannerEstimate(conn,
-                          "SELECT 1 FROM outbox_relay.commits WHERE commit_time < $1::timestamptz",
-                          params.first(1)));
+      auto deleted =
+          DeleteInBatches(conn, std::string(pg::kPruneCommitsBatch), params, c.batch_size, sleep,
+                          "outbox_relay.commits",
+                          PlannerEstimate(conn, std::string(pg::kCommitsBefore), params.first(1)));
       if (!deleted) return std::unexpected(deleted.error());
       report->commit_rows = deleted->rows;
       report->commit_batches = deleted->batches;

@@ -22,6 +22,7 @@
 #include "outbox_relay/kafka/producer.h"
 #include "outbox_relay/ops/commands.h"
 #include "outbox_relay/outbox/record.h"
+#include "outbox_relay/pg/commit_index.h"
 #include "outbox_relay/pg/connection.h"
 #include "outbox_relay/pg/relay_schema.h"
 #include "outbox_relay/pg/rows.h"
@@ -90,7 +91,7 @@ struct DeliveryState {
 };
 
 struct Range {
-  std::string predicate;  // over c (outbox_relay.commits), params $2 and $3
+  pg::IndexRangeBy by = pg::IndexRangeBy::kLsn;
   std::string from;
   std::string to;
   std::string text;  // for people
@@ -99,7 +100,6 @@ struct Range {
 Result<Range> ResolveRange(pg::Connection& conn, const ReplayConfig& c) {
   Range r;
   if (!c.by_time) {
-    r.predicate = "c.commit_lsn BETWEEN $2::pg_lsn AND $3::pg_lsn";
     r.from = c.from.ToString();
     r.to = c.to.ToString();
     r.text = fmt::format("commit_lsn {} .. {}", r.from, c.to_lsn.empty() ? "end" : r.to);
@@ -125,7 +125,7 @@ Result<Range> ResolveRange(pg::Connection& conn, const ReplayConfig& c) {
   auto to = parse(c.to_time.empty() ? std::string("infinity") : c.to_time, "--to-time",
                   "OUTBOX_REPLAY_TO_TIME");
   if (!to) return std::unexpected(to.error());
-  r.predicate = "c.commit_time BETWEEN $2::timestamptz AND $3::timestamptz";
+  r.by = pg::IndexRangeBy::kTime;
   r.from = *from;
   r.to = *to;
   r.text = fmt::format("commit_time {} .. {}", r.from, c.to_time.empty() ? "end" : r.to);
@@ -135,77 +135,43 @@ Result<Range> ResolveRange(pg::Connection& conn, const ReplayConfig& c) {
 // The range as the index has it, and what cleanup already took from it.
 Status Survey(pg::Connection& conn, const ReplayConfig& c, const Range& range,
               ReplayReport* report) {
-  // LATERAL: `found` is computed once per transaction (a scalar subquery
-  // would be planned once per reference).
-  std::string sql = fmt::format(
-      "SELECT count(*), coalesce(sum(c.row_count), 0), coalesce(sum(f.found), 0),"
-      " count(*) FILTER (WHERE f.found < c.row_count),"
-      " coalesce(sum(GREATEST(c.row_count - f.found, 0)), 0),"
-      " min(c.commit_lsn)::text, max(c.commit_lsn)::text,"
-      " min(c.commit_time)::text, max(c.commit_time)::text"
-      " FROM outbox_relay.commits c CROSS JOIN LATERAL"
-      " (SELECT count(*) AS found FROM {table} o WHERE o.{xid} = ANY(c.transaction_ids)) f"
-      " WHERE c.slot_name = $1 AND {range}",
-      fmt::arg("table", c.relay.table_name.Quoted()),
-      fmt::arg("xid", pg::QuoteIdent(c.relay.columns.transaction_id)),
-      fmt::arg("range", range.predicate));
-  std::optional<std::string> params[] = {c.relay.slot, range.from, range.to};
-  auto res = conn.ExecParams(sql, params);
-  if (!res) return std::unexpected(res.error());
-  pg::Rows r(res->get());
-  auto transactions = r.Int(0, 0);
-  auto indexed_rows = r.Int(0, 1);
-  auto rows_found = r.Int(0, 2);
-  auto transactions_missing = r.Int(0, 3);
-  auto rows_missing = r.Int(0, 4);
-  if (const Error* e = pg::FirstError(transactions, indexed_rows, rows_found, transactions_missing,
-                                      rows_missing)) {
-    return std::unexpected(*e);
-  }
-  report->transactions = *transactions;
-  report->indexed_rows = *indexed_rows;
-  report->rows_found = *rows_found;
-  report->transactions_missing = *transactions_missing;
-  report->rows_missing = *rows_missing;
-  // min()/max() are NULL when the range holds no transaction: the report prints "-".
-  report->first_commit_lsn = r.Value(0, 5).value_or("-");
-  report->last_commit_lsn = r.Value(0, 6).value_or("-");
-  report->first_commit_time = r.Value(0, 7).value_or("-");
-  report->last_commit_time = r.Value(0, 8).value_or("-");
+  auto survey = pg::SurveyIndex(conn, c.relay.slot, c.relay.table_name.Quoted(),
+                                c.relay.columns.transaction_id, range.by, range.from, range.to);
+  if (!survey) return std::unexpected(survey.error());
+  report->transactions = survey->transactions;
+  report->indexed_rows = survey->indexed_rows;
+  report->rows_found = survey->rows_found;
+  report->transactions_missing = survey->transactions_missing;
+  report->rows_missing = survey->rows_missing;
+  // None when the range holds no transaction: the report prints "-".
+  report->first_commit_lsn = survey->first_commit_lsn.value_or("-");
+  report->last_commit_lsn = survey->last_commit_lsn.value_or("-");
+  report->first_commit_time = survey->first_commit_time.value_or("-");
+  report->last_commit_time = survey->last_commit_time.value_or("-");
 
   // Where the slot's index starts: commits before it were pruned by cleanup
   // (or happened before the relay ran).
-  std::optional<std::string> slot_param[] = {c.relay.slot};
-  auto oldest = conn.ExecParams(
-      "SELECT commit_lsn::text, commit_time::text FROM outbox_relay.commits WHERE slot_name = $1 "
-      "ORDER BY commit_lsn LIMIT 1",
-      slot_param);
+  auto oldest = pg::OldestIndexedCommit(conn, c.relay.slot);
   if (!oldest) return std::unexpected(oldest.error());
-  pg::Rows first(oldest->get());
-  if (first.size() == 0) {
+  if (!oldest->has_value()) {
     spdlog::warn("replay: the commit index has no transactions of slot {} at all", c.relay.slot);
   } else {
-    auto lsn = first.Text(0, 0);
-    auto time = first.Text(0, 1);
-    if (const Error* e = pg::FirstError(lsn, time)) return std::unexpected(*e);
     spdlog::info(
         "replay: the index of slot {} starts at commit {} ({}); older transactions were "
         "pruned by cleanup or precede the relay",
-        c.relay.slot, *lsn, *time);
+        c.relay.slot, (*oldest)->commit_lsn, (*oldest)->commit_time);
   }
   return Ok();
 }
 
 Result<outbox::ColumnMap> CheckTable(pg::Connection& conn, const ReplayConfig& c) {
   std::optional<std::string> params[] = {c.relay.table_name.Quoted()};
-  auto exists = conn.ExecParams(
-      "SELECT to_regclass($1) IS NOT NULL, to_regclass('outbox_relay.commits') IS NOT NULL",
-      params);
+  auto exists = conn.ExecParams("SELECT to_regclass($1) IS NOT NULL", params);
   if (!exists) return std::unexpected(exists.error());
-  pg::Rows found(exists->get());
-  auto table = found.Bool(0, 0);
-  auto index = found.Bool(0, 1);
-  if (const Error* e = pg::FirstError(table, index)) return std::unexpected(*e);
+  auto table = pg::Rows(exists->get()).Bool(0, 0);
+  if (!table) return std::unexpected(table.error());
+  auto index = pg::CommitIndexExists(conn);
+  if (!index) return std::unexpected(index.error());
   if (!*table) {
     return app::BadSetting("--table", "OUTBOX_TABLE",
                            fmt::format("table {} does not exist", c.relay.table_name.ToString()));
@@ -273,15 +239,8 @@ class Replayer {
 
   Status ReadAndProduce(const Range& range) {
     const auto& cols = c_.relay.columns;
-    std::string sql = fmt::format(
-        "SELECT c.commit_lsn::text AS outbox_replay_commit_lsn, o.*"
-        " FROM outbox_relay.commits c JOIN {table} o ON o.{xid} = ANY(c.transaction_ids)"
-        " WHERE c.slot_name = $1 AND {range}"
-        " AND c.commit_lsn >= $4::pg_lsn AND (c.commit_lsn, o.{off}) > ($4::pg_lsn, $5::bigint)"
-        " ORDER BY c.commit_lsn, o.{off} LIMIT $6::bigint",
-        fmt::arg("table", c_.relay.table_name.Quoted()),
-        fmt::arg("xid", pg::QuoteIdent(cols.transaction_id)),
-        fmt::arg("off", pg::QuoteIdent(cols.offset)), fmt::arg("range", range.predicate));
+    const std::string sql = pg::IndexedRowsPageSql(c_.relay.table_name.Quoted(),
+                                                   cols.transaction_id, cols.offset, range.by);
     std::optional<std::string> params[] = {c_.relay.slot,
                                            range.from,
                                            range.to,

@@ -10,6 +10,7 @@
 #include "outbox_relay/app/logging.h"
 #include "outbox_relay/kafka/progress_log.h"
 #include "outbox_relay/ops/commands.h"
+#include "outbox_relay/pg/commit_index.h"
 #include "outbox_relay/pg/replication.h"
 #include "outbox_relay/pg/rows.h"
 
@@ -152,46 +153,31 @@ Result<SlotReport> QuerySlotReport(pg::Connection& conn, const std::string& slot
     }
   }
   {
-    // to_regclass() needs USAGE on the schema: ask step by step (CASE keeps
-    // the order), so a role without access is reported, not an error.
-    auto res = conn.Exec(
-        "SELECT CASE WHEN to_regnamespace('outbox_relay') IS NULL THEN 'missing' "
-        "WHEN NOT has_schema_privilege('outbox_relay', 'USAGE') THEN 'no USAGE on schema' "
-        "WHEN to_regclass('outbox_relay.state') IS NULL "
-        "OR to_regclass('outbox_relay.commits') IS NULL THEN 'missing' "
-        "WHEN NOT has_table_privilege('outbox_relay.state', 'SELECT') "
-        "OR NOT has_table_privilege('outbox_relay.commits', 'SELECT') THEN 'no SELECT on tables' "
-        "ELSE 'ok' END");
-    if (!res) return std::unexpected(res.error());
-    std::string access = Text(res->get(), 0, 0).value_or("missing");
-    report.relay_schema = access == "ok";
-    if (access != "ok" && access != "missing") {
+    auto tables = pg::ReadRelayTables(conn);
+    if (!tables) return std::unexpected(tables.error());
+    report.relay_schema = tables->tables && tables->readable;
+    const char* access = !tables->schema || (tables->usage && !tables->tables) ? "missing"
+                         : !tables->usage    ? "no USAGE on schema"
+                         : !tables->readable ? "no SELECT on tables"
+                                             : "ok";
+    if (std::string_view(access) != "ok" && std::string_view(access) != "missing") {
       report.relay_schema_access = fmt::format("{} (role {})", access, conn.user());
     }
   }
   if (report.relay_schema) {
-    auto res = conn.ExecParams(
-        "SELECT key, value, updated_at::text FROM outbox_relay.state WHERE slot_name = $1 "
-        "ORDER BY key",
-        params);
-    if (!res) return std::unexpected(res.error());
-    for (int i = 0; i < pg::Rows(res->get()).size(); ++i) {
-      report.state.push_back({Text(res->get(), i, 0).value_or(""),
-                              Text(res->get(), i, 1).value_or(""),
-                              Text(res->get(), i, 2).value_or("")});
+    auto state = pg::ListState(conn, slot);
+    if (!state) return std::unexpected(state.error());
+    for (auto& entry : *state) {
+      report.state.push_back(
+          {std::move(entry.key), std::move(entry.value), std::move(entry.updated_at)});
     }
-    auto idx = conn.ExecParams(
-        "SELECT count(*), min(commit_lsn)::text, max(commit_lsn)::text, min(commit_time)::text, "
-        "max(commit_time)::text FROM outbox_relay.commits WHERE slot_name = $1",
-        params);
-    if (!idx) return std::unexpected(idx.error());
-    auto indexed = pg::Rows(idx->get()).Int(0, 0);  // count(*): never NULL
-    if (!indexed) return std::unexpected(indexed.error());
-    report.indexed_transactions = *indexed;
-    report.first_commit_lsn = Text(idx->get(), 0, 1);
-    report.last_commit_lsn = Text(idx->get(), 0, 2);
-    report.first_commit_time = Text(idx->get(), 0, 3);
-    report.last_commit_time = Text(idx->get(), 0, 4);
+    auto extent = pg::DescribeIndex(conn, slot);
+    if (!extent) return std::unexpected(extent.error());
+    report.indexed_transactions = extent->transactions;
+    report.first_commit_lsn = extent->first_commit_lsn;
+    report.last_commit_lsn = extent->last_commit_lsn;
+    report.first_commit_time = extent->first_commit_time;
+    report.last_commit_time = extent->last_commit_time;
   }
   return report;
 }
