@@ -117,8 +117,13 @@ void Relay::StartWatchdog() {
   // given up at most a quarter of the timeout late.
   const milliseconds period = std::min(milliseconds(1000), timeout / 4);
   watchdog_ = std::thread([this, timeout, period] {
-    std::unique_lock lock(watchdog_mu_);
-    while (!watchdog_cv_.wait_for(lock, period, [this] { return watchdog_stop_; })) {
+    MutexLock lock(&watchdog_mu_);
+    while (true) {
+      const auto until = CondVar::Clock::now() + period;
+      while (!watchdog_stop_) {
+        if (!watchdog_cv_.WaitUntil(&watchdog_mu_, until)) break;
+      }
+      if (watchdog_stop_) break;
       if (auto why = tracker_->ExpireOverdue(Clock::now(), timeout)) {
         spdlog::warn("kafka: {} (--kafka-delivery-timeout-ms {}): giving them up", *why,
                      timeout.count());
@@ -129,10 +134,10 @@ void Relay::StartWatchdog() {
 
 void Relay::StopWatchdog() {
   {
-    std::lock_guard lock(watchdog_mu_);
+    MutexLock lock(&watchdog_mu_);
     watchdog_stop_ = true;
   }
-  watchdog_cv_.notify_all();
+  watchdog_cv_.NotifyAll();
   if (watchdog_.joinable()) watchdog_.join();
 }
 

@@ -45,7 +45,7 @@ metrics::Health Relay::Readyz() const {
   const int64_t now = Clock::now().time_since_epoch().count();
   const int64_t bound =
       std::chrono::nanoseconds(std::chrono::seconds(config_.readyz_stall_timeout_s)).count();
-  std::lock_guard lock(readyz_mu_);
+  MutexLock lock(&readyz_mu_);
   if (int64_t since = marker_failing_since_ns_.load(); since != 0 && now - since > bound) {
     return {false, fmt::format("the marker has failed for {} s: {}", (now - since) / 1000000000,
                                marker_failure_)};
@@ -70,7 +70,7 @@ metrics::Health Relay::Readyz() const {
 }
 
 void Relay::RefreshMetrics() {
-  std::lock_guard lock(refresh_mu_);
+  MutexLock lock(&refresh_mu_);
   auto delta = [](std::atomic<uint64_t>& now, std::atomic<uint64_t>& seen) {
     uint64_t v = now.load();
     uint64_t d = v - seen.load();

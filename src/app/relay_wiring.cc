@@ -198,7 +198,7 @@ Status Relay::Prepare() {
       int64_t none = 0;
       marker_failing_since_ns_.compare_exchange_strong(none,
                                                        Clock::now().time_since_epoch().count());
-      std::lock_guard lock(readyz_mu_);
+      MutexLock lock(&readyz_mu_);
       marker_failure_ = round.error().message;
     };
     mo.network = config_.pg_network;

@@ -38,21 +38,26 @@ StopDeadline::StopDeadline(const std::atomic<bool>& stop, std::chrono::milliseco
 
 StopDeadline::~StopDeadline() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     disarmed_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (thread_.joinable()) thread_.join();
 }
 
 void StopDeadline::Watch() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(&mu_);
   // The stop flag is set by a signal handler, which cannot notify: look
   // every 100 ms.
-  while (!disarmed_ && !stop_.load()) cv_.wait_for(lock, std::chrono::milliseconds(100));
+  while (!disarmed_ && !stop_.load()) {
+    cv_.WaitUntil(&mu_, CondVar::Clock::now() + std::chrono::milliseconds(100));
+  }
   if (disarmed_) return;
-  const auto since = std::chrono::steady_clock::now();
-  if (cv_.wait_until(lock, since + bound_, [this] { return disarmed_; })) return;
+  const auto deadline = CondVar::Clock::now() + bound_;
+  while (!disarmed_) {
+    if (!cv_.WaitUntil(&mu_, deadline)) break;
+  }
+  if (disarmed_) return;
   spdlog::error(
       "stopping: still {} {} ms after the stop request: exiting now without it (nothing Kafka "
       "did not acknowledge was confirmed; the next start resumes from the slot)",

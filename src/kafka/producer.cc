@@ -301,10 +301,10 @@ Result<KafkaProducer::Lane*> KafkaProducer::AddLaneLocked(int64_t batch_size,
 
 KafkaProducer::~KafkaProducer() {
   {
-    std::lock_guard lock(topics_mu_);
+    MutexLock lock(&topics_mu_);
     stop_.store(true);
   }
-  prepare_cv_.notify_all();
+  prepare_cv_.NotifyAll();
   if (admin_.joinable()) admin_.join();
   for (auto& lane : lanes_) {
     if (lane->poller.joinable()) lane->poller.join();
@@ -321,17 +321,16 @@ KafkaProducer::~KafkaProducer() {
 rd_kafka_t* KafkaProducer::handle() const { return default_lane_->rk.get(); }
 
 void KafkaProducer::AdminLoop() {
-  std::unique_lock lock(topics_mu_);
-  while (!stop_.load()) {
-    if (to_prepare_.empty()) {
-      prepare_cv_.wait(lock, [&] { return stop_.load() || !to_prepare_.empty(); });
-      continue;
+  while (true) {
+    std::string name;
+    {
+      MutexLock lock(&topics_mu_);
+      while (!stop_.load() && to_prepare_.empty()) prepare_cv_.Wait(&topics_mu_);
+      if (stop_.load()) return;
+      name = std::move(to_prepare_.front());
+      to_prepare_.pop_front();
     }
-    std::string name = std::move(to_prepare_.front());
-    to_prepare_.pop_front();
-    lock.unlock();
     PrepareTopic(name);
-    lock.lock();
   }
 }
 
@@ -396,7 +395,7 @@ void KafkaProducer::PrepareTopic(const std::string& name) {
       rkt.reset();
     }
   }
-  std::lock_guard lock(topics_mu_);
+  MutexLock lock(&topics_mu_);
   TopicState& state = *topics_.at(name);
   state.lane = lane;
   state.rkt = std::move(rkt);
@@ -409,7 +408,7 @@ void KafkaProducer::PrepareTopic(const std::string& name) {
 Result<Sink::Accepted> KafkaProducer::Produce(const outbox::KafkaRecord& record, void* opaque) {
   TopicState* topic = nullptr;
   {
-    std::lock_guard lock(topics_mu_);
+    MutexLock lock(&topics_mu_);
     // Heterogeneous lookup needs C++20 transparent hashing; a lookup must not
     // allocate: reuse a key buffer.
     thread_local std::string key;
@@ -418,7 +417,7 @@ Result<Sink::Accepted> KafkaProducer::Produce(const outbox::KafkaRecord& record,
     if (it == topics_.end()) {
       topics_.emplace(key, std::make_unique<TopicState>());
       to_prepare_.push_back(key);
-      prepare_cv_.notify_one();
+      prepare_cv_.NotifyOne();
       return Accepted::kQueueFull;  // not yet: the admin thread prepares the topic
     }
     if (!it->second->ready) return Accepted::kQueueFull;
@@ -582,7 +581,7 @@ void KafkaProducer::Report(Lane& lane, const rd_kafka_message_t* msg) {
     // the topic's limit.
     std::optional<int64_t> limit;
     {
-      std::lock_guard lock(topics_mu_);
+      MutexLock lock(&topics_mu_);
       thread_local std::string key;
       key.assign(d.topic);
       if (auto it = topics_.find(key); it != topics_.end()) limit = it->second->max_message_bytes;
@@ -629,7 +628,7 @@ void KafkaProducer::Report(Lane& lane, const rd_kafka_message_t* msg) {
 }
 
 std::string KafkaProducer::CredentialsError() const {
-  std::lock_guard lock(credentials_mu_);
+  MutexLock lock(&credentials_mu_);
   return credentials_error_;
 }
 
@@ -639,7 +638,7 @@ void KafkaProducer::OnError(Lane& lane, rd_kafka_resp_err_t code, const char* re
   if (code == RD_KAFKA_RESP_ERR__AUTHENTICATION ||
       (code == RD_KAFKA_RESP_ERR__SSL &&
        std::string_view(reason).find("certificate verify failed") != std::string_view::npos)) {
-    std::lock_guard lock(credentials_mu_);
+    MutexLock lock(&credentials_mu_);
     credentials_error_ = reason;
   }
   if (on_error_) {

@@ -72,26 +72,26 @@ StepLine::StepLine(std::string what)
 
 StepLine::~StepLine() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (thread_.joinable()) thread_.join();
 }
 
 void StepLine::Begin(std::string step) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     step_ = std::move(step);
     since_ = Clock::Steady().Now();
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 void StepLine::Loop() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(&mu_);
   while (!stop_) {
-    cv_.wait_for(lock, kTerminalEvery);
+    cv_.WaitUntil(&mu_, CondVar::Clock::now() + kTerminalEvery);
     const auto ran = Clock::Steady().Now() - since_;
     if (!stop_ && !step_.empty() && ran >= std::chrono::milliseconds(500)) {
       std::fprintf(stderr, "\r%s: %s: %.1f s\x1b[K", what_.c_str(), step_.c_str(),

@@ -74,11 +74,11 @@ void Sampler::Start() {
 
 void Sampler::Stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
   aborting_ = true;
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -99,8 +99,11 @@ void Sampler::Loop() {
   auto next_lag = Clock::now();
   while (true) {
     {
-      std::unique_lock lock(mu_);
-      cv_.wait_until(lock, std::min(next_counts, next_lag), [&] { return stop_; });
+      MutexLock lock(&mu_);
+      const auto until = std::min(next_counts, next_lag);
+      while (!stop_) {
+        if (!cv_.WaitUntil(&mu_, until)) break;
+      }
       if (stop_) return;
     }
     if (!conn) {

@@ -773,7 +773,7 @@ void WatermillTables::Retire(const std::vector<OutboxTable>& before,
     retired_.push_back(std::move(t));
   }
   unrouted_names_.clear();
-  std::lock_guard lock(discovery_mu_);
+  MutexLock lock(&discovery_mu_);
   followed_names_.clear();
   for (const OutboxTable& t : tables_) followed_names_.insert(t.name.ToString());
 }
@@ -820,10 +820,10 @@ void WatermillTables::StartDiscovery() {
 
 void WatermillTables::StopDiscovery() {
   {
-    std::lock_guard lock(discovery_mu_);
+    MutexLock lock(&discovery_mu_);
     discovery_stop_ = true;
   }
-  discovery_cv_.notify_all();
+  discovery_cv_.NotifyAll();
   if (discovery_.joinable()) discovery_.join();
 }
 
@@ -836,11 +836,12 @@ void WatermillTables::DiscoveryLoop() {
   std::optional<pg::Connection> conn;
   while (true) {
     {
-      std::unique_lock lock(discovery_mu_);
-      if (discovery_cv_.wait_for(lock, options_.discover_interval,
-                                 [&] { return discovery_stop_; })) {
-        return;
+      MutexLock lock(&discovery_mu_);
+      const auto until = CondVar::Clock::now() + options_.discover_interval;
+      while (!discovery_stop_) {
+        if (!discovery_cv_.WaitUntil(&discovery_mu_, until)) break;
       }
+      if (discovery_stop_) return;
     }
     if (end_requested_.load()) continue;
     if (!conn) {
@@ -867,7 +868,7 @@ void WatermillTables::DiscoveryLoop() {
     }
     std::vector<std::string> gone;
     {
-      std::lock_guard lock(discovery_mu_);
+      MutexLock lock(&discovery_mu_);
       for (const std::string& name : followed_names_) {
         if (std::none_of(resolved->tables.begin(), resolved->tables.end(),
                          [&](const OutboxTable& t) { return t.name.ToString() == name; })) {

@@ -21,15 +21,14 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <thread>
 
 #include "outbox_relay/app/config.h"
 #include "outbox_relay/app/recovery.h"
 #include "outbox_relay/app/signals.h"
+#include "outbox_relay/core/mutex.h"
 #include "outbox_relay/core/result.h"
 #include "outbox_relay/kafka/progress_log.h"
 #include "outbox_relay/marker/marker.h"
@@ -171,21 +170,22 @@ class Relay {
   int last_walsender_pid_ = 0;                    // of our last replication connection
 
   std::thread watchdog_;  // touches tracker_ only
-  std::mutex watchdog_mu_;
-  std::condition_variable watchdog_cv_;
-  bool watchdog_stop_ = false;
+  Mutex watchdog_mu_;
+  CondVar watchdog_cv_;
+  bool watchdog_stop_ GUARDED_BY(watchdog_mu_) = false;
 
-  std::mutex refresh_mu_;         // RefreshMetrics (HTTP threads)
-  pipeline::RelayStats counted_;  // what RefreshMetrics already added to the counters
+  Mutex refresh_mu_;  // RefreshMetrics (HTTP threads)
+  // What RefreshMetrics already added to the counters.
+  pipeline::RelayStats counted_ GUARDED_BY(refresh_mu_);
 
   // /readyz. The marker thread notes since when its rounds fail (steady
   // clock, 0: they do not) and why; Readyz notes the progress it last saw.
   std::atomic<int64_t> marker_failing_since_ns_{0};
-  mutable std::mutex readyz_mu_;
-  std::string marker_failure_;           // guarded by readyz_mu_
-  mutable uint64_t seen_delivered_ = 0;  // guarded by readyz_mu_
-  mutable Lsn seen_confirmed_;           // guarded by readyz_mu_
-  mutable int64_t seen_moving_ns_ = 0;   // guarded by readyz_mu_: last progress, or idle
+  mutable Mutex readyz_mu_;
+  std::string marker_failure_ GUARDED_BY(readyz_mu_);
+  mutable uint64_t seen_delivered_ GUARDED_BY(readyz_mu_) = 0;
+  mutable Lsn seen_confirmed_ GUARDED_BY(readyz_mu_);
+  mutable int64_t seen_moving_ns_ GUARDED_BY(readyz_mu_) = 0;  // last progress, or idle
 
   // Last, so it is destroyed first: its threads call into the members above.
   std::unique_ptr<metrics::HttpServer> http_;

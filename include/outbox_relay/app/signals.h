@@ -5,9 +5,9 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
 #include <thread>
+
+#include "outbox_relay/core/mutex.h"
 
 namespace outbox_relay::app {
 
@@ -39,9 +39,9 @@ class StopDeadline {
   const std::chrono::milliseconds bound_;
   std::atomic<const char*> step_{"stopping"};
   std::atomic<int> code_{1};
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool disarmed_ = false;
+  Mutex mu_;
+  CondVar cv_;
+  bool disarmed_ GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

@@ -70,6 +70,12 @@ class CondVar {
     lock.release();  // still held: the caller's
     return woken;
   }
+  // Waits until notified (or woken spuriously).
+  void Wait(Mutex* mu) REQUIRES(mu) {
+    std::unique_lock<std::mutex> lock(mu->mu_, std::adopt_lock);
+    cv_.wait(lock);
+    lock.release();
+  }
   void NotifyOne() { cv_.notify_one(); }
   void NotifyAll() { cv_.notify_all(); }
 

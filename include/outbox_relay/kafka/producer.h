@@ -37,7 +37,6 @@
 #include <librdkafka/rdkafka.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <map>
 #include <memory>
@@ -48,6 +47,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "outbox_relay/core/mutex.h"
 #include "outbox_relay/kafka/admin.h"
 #include "outbox_relay/kafka/sink.h"
 
@@ -179,18 +179,18 @@ class KafkaProducer final : public TransactionalSink {
   Lane* twin_lane_ = nullptr;
   std::atomic<bool> twin_active_{false};
 
-  std::mutex topics_mu_;
-  std::condition_variable prepare_cv_;
-  std::unordered_map<std::string, std::unique_ptr<TopicState>> topics_;
-  std::deque<std::string> to_prepare_;
+  Mutex topics_mu_;
+  CondVar prepare_cv_;
+  std::unordered_map<std::string, std::unique_ptr<TopicState>> topics_ GUARDED_BY(topics_mu_);
+  std::deque<std::string> to_prepare_ GUARDED_BY(topics_mu_);
   std::thread admin_;
 
   std::atomic<bool> stop_{false};
   std::atomic<bool> brokers_down_{false};
   std::atomic<int64_t> bytes_in_flight_{0};  // BytesInFlight(): added by Produce, taken by Report
   std::atomic<int64_t> required_batch_size_{0};  // transactional: 0 = none
-  mutable std::mutex credentials_mu_;
-  std::string credentials_error_;  // guarded by credentials_mu_
+  mutable Mutex credentials_mu_;
+  std::string credentials_error_ GUARDED_BY(credentials_mu_);
 };
 
 }  // namespace outbox_relay::kafka

@@ -5,14 +5,13 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 
 #include "outbox_relay/core/clock.h"
+#include "outbox_relay/core/mutex.h"
 #include "outbox_relay/core/progress.h"
 
 namespace outbox_relay::pipeline {
@@ -64,12 +63,12 @@ class StepLine {
 
   const std::string what_;
   const bool terminal_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::string step_;  // guarded by mu_
-  Clock::time_point since_;
-  bool stop_ = false;
-  bool shown_ = false;  // the loop's own
+  Mutex mu_;
+  CondVar cv_;
+  std::string step_ GUARDED_BY(mu_);
+  Clock::time_point since_ GUARDED_BY(mu_);
+  bool stop_ GUARDED_BY(mu_) = false;
+  bool shown_ GUARDED_BY(mu_) = false;  // the loop's own
   std::thread thread_;
 };
 

@@ -10,12 +10,11 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "outbox_relay/core/mutex.h"
 #include "outbox_relay/metrics/metrics.h"
 #include "outbox_relay/pg/connection.h"
 #include "outbox_relay/pipeline/watermill.h"
@@ -47,9 +46,9 @@ class Sampler {
   const SamplerOptions config_;
   metrics::Metrics* metrics_;
   std::thread thread_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
+  Mutex mu_;
+  CondVar cv_;
+  bool stop_ GUARDED_BY(mu_) = false;
   // Set by Stop(): a statement of the sampler's waiting for an answer gives
   // up at once (pg::Connection::set_abort), so Stop() does not wait out the
   // sampler's long statement deadline on a connection gone silent.

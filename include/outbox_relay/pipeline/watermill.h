@@ -67,9 +67,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -77,6 +75,7 @@
 #include <utility>
 #include <vector>
 
+#include "outbox_relay/core/mutex.h"
 #include "outbox_relay/core/result.h"
 #include "outbox_relay/marker/watermill_progress.h"
 #include "outbox_relay/outbox/record.h"
@@ -223,10 +222,10 @@ class WatermillTables {
 
   std::atomic<bool> end_requested_{false};
   std::thread discovery_;
-  std::mutex discovery_mu_;
-  std::condition_variable discovery_cv_;
-  bool discovery_stop_ = false;
-  std::set<std::string> followed_names_;  // guarded by discovery_mu_
+  Mutex discovery_mu_;
+  CondVar discovery_cv_;
+  bool discovery_stop_ GUARDED_BY(discovery_mu_) = false;
+  std::set<std::string> followed_names_ GUARDED_BY(discovery_mu_);
 };
 
 }  // namespace outbox_relay::pipeline
