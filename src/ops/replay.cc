@@ -6,18 +6,17 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <deque>
 #include <limits>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <thread>
 
 #include "outbox_relay/app/commands.h"
 #include "outbox_relay/app/logging.h"
 #include "outbox_relay/app/signals.h"
+#include "outbox_relay/core/mutex.h"
 #include "outbox_relay/core/progress.h"
 #include "outbox_relay/kafka/producer.h"
 #include "outbox_relay/ops/commands.h"
@@ -55,16 +54,17 @@ struct PendingTx {
 
 // Shared between the producing thread and the producer's delivery thread.
 struct DeliveryState {
-  std::mutex mu;
-  std::condition_variable progress;
-  std::deque<PendingTx> window;  // commit order; the fully delivered prefix is popped
-  int64_t reported = 0;
-  int64_t delivered = 0;
-  int64_t failed = 0;
-  std::string first_failure;
+  Mutex mu;
+  CondVar progress;
+  // Commit order; the fully delivered prefix is popped.
+  std::deque<PendingTx> window GUARDED_BY(mu);
+  int64_t reported GUARDED_BY(mu) = 0;
+  int64_t delivered GUARDED_BY(mu) = 0;
+  int64_t failed GUARDED_BY(mu) = 0;
+  std::string first_failure GUARDED_BY(mu);
 
   void OnDelivery(const kafka::Delivery& d) {
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     auto* tx = static_cast<PendingTx*>(d.opaque);
     --tx->outstanding;
     ++reported;
@@ -78,12 +78,12 @@ struct DeliveryState {
     } else {
       ++delivered;
     }
-    progress.notify_all();
+    progress.NotifyAll();
   }
 
   // Drops the fully delivered transactions at the front (keeps the last one:
   // it may still be receiving records).
-  void PopDeliveredLocked() {
+  void PopDeliveredLocked() REQUIRES(mu) {
     while (window.size() > 1 && window.front().outstanding == 0 && !window.front().failed) {
       window.pop_front();
     }
@@ -215,7 +215,7 @@ class Replayer {
     sink_.reset();  // joins the delivery thread before the state goes
     progress_->Finish(static_cast<uint64_t>(report_->produced));
     report_->seconds = SecondsSince(started_);
-    std::lock_guard lock(state_.mu);
+    MutexLock lock(&state_.mu);
     report_->delivered = state_.delivered;
     report_->failed = state_.failed;
     report_->first_failure = state_.first_failure;
@@ -286,7 +286,7 @@ class Replayer {
       current_lsn_ = commit_lsn;
       lsn_text_ = commit_lsn.ToString();
       if (!c_.dry_run) {
-        std::lock_guard lock(state_.mu);
+        MutexLock lock(&state_.mu);
         state_.PopDeliveredLocked();
         state_.window.push_back(PendingTx{commit_lsn});
       }
@@ -332,11 +332,11 @@ class Replayer {
   Status Produce(const outbox::KafkaRecord& record) {
     PendingTx* tx = nullptr;
     {
-      std::unique_lock lock(state_.mu);
+      MutexLock lock(&state_.mu);
       // Bounded in flight: wait for delivery reports before producing more.
       while (report_->produced - state_.reported >= c_.relay.max_in_flight && state_.failed == 0 &&
              !StopRequested()) {
-        state_.progress.wait_for(lock, milliseconds(100));
+        state_.progress.WaitUntil(&state_.mu, CondVar::Clock::now() + milliseconds(100));
       }
       tx = &state_.window.back();
       ++tx->outstanding;
@@ -345,19 +345,19 @@ class Replayer {
       auto accepted = sink_->Produce(record, tx);
       if (accepted && *accepted == kafka::Sink::Accepted::kQueued) return Ok();
       if (!accepted) {
-        std::lock_guard lock(state_.mu);
+        MutexLock lock(&state_.mu);
         --tx->outstanding;
         return std::unexpected(accepted.error());
       }
       // The producer's queue is full: its delivery thread makes room.
-      std::unique_lock lock(state_.mu);
-      state_.progress.wait_for(lock, milliseconds(10));
+      MutexLock lock(&state_.mu);
+      state_.progress.WaitUntil(&state_.mu, CondVar::Clock::now() + milliseconds(10));
     }
   }
 
   bool Failed() {
     if (c_.dry_run) return false;
-    std::lock_guard lock(state_.mu);
+    MutexLock lock(&state_.mu);
     return state_.failed > 0;
   }
 
@@ -366,7 +366,7 @@ class Replayer {
     auto interrupted_at = std::optional<Clock::time_point>();
     while (true) {
       {
-        std::lock_guard lock(state_.mu);
+        MutexLock lock(&state_.mu);
         if (state_.reported >= report_->produced) break;
       }
       if (StopRequested()) {
@@ -382,7 +382,7 @@ class Replayer {
   }
 
   // Every transaction before the returned LSN was delivered in full.
-  Lsn ResumePointLocked() const {
+  Lsn ResumePointLocked() const REQUIRES(state_.mu) {
     for (const PendingTx& tx : state_.window) {
       if (tx.outstanding > 0 || tx.failed) return tx.commit_lsn;
     }
@@ -402,7 +402,7 @@ class Replayer {
     double secs = SecondsSince(started_);
     int64_t delivered = 0;
     {
-      std::lock_guard lock(state_.mu);
+      MutexLock lock(&state_.mu);
       delivered = state_.delivered;
     }
     Progress p;
