@@ -772,6 +772,7 @@ struct CampaignDelivery {
   // offset_consumed) key of the old history can name another row on the new.
   size_t lost_reused_xid = 0;
   std::vector<std::string> lost_samples;        // the first few, with their xids
+  std::vector<std::string> duplicate_samples;   // the first few, with both copies' offsets
   std::vector<std::string> duplicated_uuids;    // rows of the table in Kafka more than once
   std::vector<std::string> out_of_order_uuids;  // first copies after a higher seq
 };
@@ -850,8 +851,15 @@ class DeliverySets {
     RowState& row = rows_[it->second];
     if (row.copies++ > 0) {
       ++out_.report.duplicates;
+      if (out_.duplicate_samples.size() < 10) {
+        out_.duplicate_samples.push_back(fmt::format(
+            "duplicated {} (aggregate {} seq {}, xid {}): again at {}/{}@{}, first at @{}", uuid,
+            aggregate_names_[row.aggregate], row.seq, row.xid, r.topic, r.partition, r.offset,
+            row.first_offset));
+      }
       return;  // order is judged on first copies
     }
+    row.first_offset = r.offset;
     if (aggregate_names_[row.aggregate].empty()) return;
     AggregateState& agg = aggregates_[row.aggregate];
     int where = Where(r.topic, r.partition);
@@ -906,6 +914,7 @@ class DeliverySets {
     int64_t seq = 0;
     uint64_t xid = 0;
     uint32_t copies = 0;
+    int64_t first_offset = -1;  // of the first copy read back
   };
   struct AggregateState {
     int64_t last_seq = 0;
@@ -1198,6 +1207,7 @@ void FaultCampaign::Run(bool exactly_once) {
   if (!d.duplicated_uuids.empty()) {
     fmt::print("duplicated rows, by when they were written:{}\n",
                Describe(WhenWritten(*db_, name_, d.duplicated_uuids, phase_wall)));
+    for (const std::string& l : d.duplicate_samples) fmt::print("  {}\n", l);
   }
   if (!d.out_of_order_uuids.empty()) {
     fmt::print("rows out of order, by when they were written:{}\n",
