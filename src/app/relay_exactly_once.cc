@@ -154,6 +154,16 @@ Status Relay::EnsureTransactions(const pipeline::ProgressFacts* known) {
   }
   pipeline::ExactlyOnce* eos =
       publisher_->EnableTransactions(TransactionOptionsOf(), kafka_producer_, progress_log_.get());
+  // The server's WAL end as IDENTIFY_SYSTEM says it when the progress is
+  // judged (after the fencing), not when the facts were gathered.
+  eos->ReadWalEndWith([this]() -> Result<Lsn> {
+    auto repl = pg::Connection::Open(config_.replication_url(), pg::Connection::Mode::kReplication,
+                                     "outbox-relay", config_.pg_network);
+    if (!repl) return std::unexpected(repl.error());
+    auto identity = pg::IdentifySystem(*repl);
+    if (!identity) return std::unexpected(identity.error());
+    return identity->xlogpos;
+  });
   if (auto st = eos->Start(facts); !st) return st;
   transactions_ready_ = true;
   return Ok();

@@ -30,12 +30,24 @@ Status ExactlyOnce::Start(const ProgressFacts& facts) {
   if (auto st = parts_.log->Prepare(); !st) return st;
   auto value = parts_.log->ReadLast(facts.key);
   if (!value) return std::unexpected(value.error());
+  // Read after the record: every position it names was on the server then.
+  auto now = WithWalEndNow(facts);
+  if (!now) return std::unexpected(now.error());
   if (value->has_value()) {
-    if (auto shared = NewerSharedRecord(**value, facts)) value = std::move(shared);
+    if (auto shared = NewerSharedRecord(**value, *now)) value = std::move(shared);
   }
   has_last_value_ = value->has_value();
   last_value_ = value->value_or("");
-  return Trust(*value, facts);
+  return Trust(*value, *now);
+}
+
+Result<ProgressFacts> ExactlyOnce::WithWalEndNow(const ProgressFacts& facts) {
+  ProgressFacts now = facts;
+  if (!read_wal_end_) return now;
+  auto wal_end = read_wal_end_();
+  if (!wal_end) return std::unexpected(wal_end.error());
+  now.wal_end = *wal_end;
+  return now;
 }
 
 std::optional<std::string> ExactlyOnce::NewerSharedRecord(const std::string& own,
@@ -84,7 +96,9 @@ Status ExactlyOnce::Rebase(const ProgressFacts& facts) {
   }
   std::optional<std::string> value;
   if (has_last_value_) value = last_value_;
-  return Trust(value, facts);
+  auto now = WithWalEndNow(facts);
+  if (!now) return std::unexpected(now.error());
+  return Trust(value, *now);
 }
 
 Status ExactlyOnce::Trust(const std::optional<std::string>& value, const ProgressFacts& facts) {

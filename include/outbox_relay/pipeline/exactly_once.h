@@ -102,6 +102,13 @@ class ExactlyOnce {
   // recreated slot): trust the newest record again for `facts`. Only between
   // Kafka transactions (nothing open).
   Status Rebase(const ProgressFacts& facts);
+  // How to read the server's WAL end now (IDENTIFY_SYSTEM's xlogpos). Start
+  // and Rebase read it after the fencing, in place of the facts' own: those
+  // were gathered before, and the instance this one takes over from may have
+  // published past that position meanwhile, on WAL the server has; against
+  // the stale position its record would look restored away, be trusted for
+  // nothing, and what it published come twice. None: the facts' is used.
+  void ReadWalEndWith(std::function<Result<Lsn>()> read) { read_wal_end_ = std::move(read); }
   const KafkaProgress& committed() const { return committed_; }
   const ProgressFacts& facts() const { return facts_; }
 
@@ -156,6 +163,8 @@ class ExactlyOnce {
   };
   // Trusts `value` (the newest record, or none) for `facts`.
   Status Trust(const std::optional<std::string>& value, const ProgressFacts& facts);
+  // `facts` with the WAL end read now (ReadWalEndWith), when there is a reader.
+  Result<ProgressFacts> WithWalEndNow(const ProgressFacts& facts);
   // The record under the key in the topic relays before 0.2 shared, when it
   // holds more than `own` (the log's ReadShared); nullopt otherwise.
   std::optional<std::string> NewerSharedRecord(const std::string& own, const ProgressFacts& facts);
@@ -179,6 +188,7 @@ class ExactlyOnce {
 
   const TransactionOptions options_;
   const Parts parts_;
+  std::function<Result<Lsn>()> read_wal_end_;  // ReadWalEndWith
   kafka::TransactionalSink* const sink_;
   tracking::AckTracker* const tracker_;
 

@@ -525,6 +525,59 @@ TEST(ExactlyOnce, RecordsHeldBackDuringAFlushAndNotTakenAreNeverCountedAsInKafka
   ExpectEachOnce(kafka.committed(), uuids, "after a stop that gave up records held back");
 }
 
+// Issue 36, the hour-long campaign's 295 + 100 duplicates: an instance that
+// takes over gathers its facts (the server's WAL end among them) when it
+// connects, and judges the progress record later, after the fencing. The
+// instance it takes over from may publish past that WAL end meanwhile (a
+// hot standby's facts were 30 s old there, held by a pipeline restart). Its
+// record then looked "beyond the server's WAL end (a restore?)", was trusted
+// for nothing, and everything Kafka held but the slot had not confirmed went
+// out again. The WAL end is read again after the fencing.
+std::vector<fakes::Produced> TakeOverWithFactsFromBefore(const FakeWalSender& wal,
+                                                         bool read_again) {
+  FakeKafka kafka("relay.progress");
+  kafka.set_key(kKey);
+  ProgressFacts early = Facts();
+  early.wal_end = wal.transactions().front().end_lsn;  // before the rest was written
+  {
+    // The instance taken over from: every row in Kafka, none confirmed (killed).
+    Pipeline p(Pipeline::Stepped{}, Pipeline::DefaultOptions(), Lsn(1), &kafka, Txn(1000));
+    EXPECT_TRUE(p.StartTransactions(Facts()));
+    p.Open(wal.From(Lsn(1)));
+    p.RunUntilIdle();
+    p.CommitAll();
+  }
+  Pipeline p(Pipeline::Stepped{}, Pipeline::DefaultOptions(), Lsn(1), &kafka, Txn(1000));
+  const Lsn now = LastEnd(wal);
+  if (read_again) p.eos().ReadWalEndWith([now]() -> Result<Lsn> { return now; });
+  EXPECT_TRUE(p.StartTransactions(early));
+  p.Open(wal.From(Lsn(1)));
+  p.RunUntilIdle();
+  p.CommitAll();
+  p.Advance(30ms);
+  EXPECT_EQ(p.tracker().confirmed(), LastEnd(wal));
+  Status st = p.Stop();
+  EXPECT_TRUE(st) << st.error().message;
+  EXPECT_TRUE(p.EndTransactions(st));
+  return kafka.committed();
+}
+
+TEST(ExactlyOnce, AnInstanceThatTakesOverJudgesTheRecordOnTheServersWalEndOfThen) {
+  FakeWalSender wal = FakeWalSender::Recorded();
+  const std::vector<std::string> uuids = RecordedUuids(wal);
+  ExpectEachOnce(TakeOverWithFactsFromBefore(wal, /*read_again=*/true), uuids,
+                 "the WAL end read after the fencing");
+}
+
+TEST(ExactlyOnce, WithTheWalEndOfItsFactsATakeOverPublishesAgainWhatKafkaHolds) {
+  FakeWalSender wal = FakeWalSender::Recorded();
+  const std::vector<std::string> uuids = RecordedUuids(wal);
+  auto copies = Copies(TakeOverWithFactsFromBefore(wal, /*read_again=*/false));
+  size_t twice = 0;
+  for (const auto& u : uuids) twice += copies[u] == 2 ? 1 : 0;
+  EXPECT_EQ(twice, uuids.size()) << "the stale WAL end distrusts the record: every row twice";
+}
+
 // Issue 36: a promotion of an asynchronous standby that has every row but not
 // the last marks. The table there shows rows unmarked that Kafka holds; its
 // slot is made anew and the backfill meets them. They are still in the
