@@ -22,9 +22,7 @@ namespace {
 // streamed has no confirmed_flush_lsn, an inactive one no pid, an older
 // server no failover column): nullopt then.
 std::optional<std::string> Text(const PGresult* r, int row, int col) {
-  auto v = pg::Rows(r).Value(row, col);
-  if (!v) return std::nullopt;
-  return std::string(*v);
+  return pg::Rows(r).OptionalText(row, col);
 }
 
 void AddCommonFlags(CLI::App& app, SlotCommandConfig& c) {

@@ -6,16 +6,6 @@
 
 namespace outbox_relay::pg {
 
-namespace {
-
-// A cell of the first row that may be NULL (min() and max() of no rows).
-std::optional<std::string> MaybeText(const Rows& rows, int col) {
-  auto v = rows.Value(0, col);
-  return v ? std::optional<std::string>(std::string(*v)) : std::nullopt;
-}
-
-}  // namespace
-
 Result<RelayTables> ReadRelayTables(Connection& conn) {
   // to_regclass() needs USAGE on the schema, has_table_privilege() an
   // existing table: CASE keeps the order.
@@ -128,7 +118,7 @@ Result<IndexSurvey> SurveyIndex(Connection& conn, std::string_view slot,
           FirstError(transactions, indexed_rows, rows_found, transactions_missing, rows_missing)) {
     return std::unexpected(*e);
   }
-  auto text = [&](int col) { return MaybeText(r, col); };  // NULL: no transaction in range
+  auto text = [&](int col) { return r.OptionalText(0, col); };  // NULL: none in range
   return IndexSurvey{*transactions, *indexed_rows, *rows_found, *transactions_missing,
                      *rows_missing, text(5),       text(6),     text(7),
                      text(8)};
@@ -171,7 +161,7 @@ Result<IndexExtent> DescribeIndex(Connection& conn, std::string_view slot) {
   Rows rows(res->get());
   auto indexed = rows.Int(0, 0);  // count(*): never NULL
   if (!indexed) return std::unexpected(indexed.error());
-  auto text = [&](int col) { return MaybeText(rows, col); };
+  auto text = [&](int col) { return rows.OptionalText(0, col); };
   return IndexExtent{*indexed, text(1), text(2), text(3), text(4)};
 }
 

@@ -13,6 +13,11 @@ std::optional<std::string_view> Rows::Value(int row, int col) const {
   return GetValue(res_, row, col);
 }
 
+std::optional<std::string> Rows::OptionalText(int row, int col) const {
+  auto v = Value(row, col);
+  return v ? std::optional<std::string>(std::string(*v)) : std::nullopt;
+}
+
 Error Rows::Bad(int row, int col, std::string_view why) const {
   const char* name = col >= 0 && col < columns() ? PQfname(res_, col) : "?";
   return Error{ErrorCode::kProtocol,

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "outbox_relay/core/lsn.h"
@@ -25,6 +26,8 @@ class Rows {
   int columns() const;
   // nullopt for SQL NULL (or a cell that is not there).
   std::optional<std::string_view> Value(int row, int col) const;
+  // Value, copied: for a cell kept past the result (NULL in some states).
+  std::optional<std::string> OptionalText(int row, int col) const;
   Result<std::string_view> Text(int row, int col) const;  // error on NULL
   Result<int64_t> Int(int row, int col) const;
   // A column that may be NULL: nullopt for NULL, an error for a non-number.
