@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 
 #include "fakes.h"
@@ -80,9 +81,11 @@ void ExpectEachOnce(const std::vector<fakes::Produced>& committed,
 // mark rounds (FakeMarker::SetStandby).
 void RunProcess(FakeKafka* kafka, const FakeWalSender& wal, Lsn start, int64_t max_rows,
                 const ProgressFacts& facts = Facts(), Journal* journal = nullptr,
-                bool paced = false, std::optional<uint64_t> standby_rounds = std::nullopt) {
+                bool paced = false, std::optional<uint64_t> standby_rounds = std::nullopt,
+                std::function<Result<Lsn>()> wal_end_now = {}) {
   Pipeline p(Pipeline::Stepped{}, Pipeline::DefaultOptions(), start, kafka, Txn(max_rows), journal);
   p.marker().SetStandby(standby_rounds);
+  if (wal_end_now) p.eos().ReadWalEndWith(std::move(wal_end_now));
   ASSERT_TRUE(p.StartTransactions(facts));
   if (paced) {
     fakes::FakeSource& source = p.Open({});
@@ -547,18 +550,11 @@ std::vector<fakes::Produced> TakeOverWithFactsFromBefore(const FakeWalSender& wa
     p.RunUntilIdle();
     p.CommitAll();
   }
-  Pipeline p(Pipeline::Stepped{}, Pipeline::DefaultOptions(), Lsn(1), &kafka, Txn(1000));
   const Lsn now = LastEnd(wal);
-  if (read_again) p.eos().ReadWalEndWith([now]() -> Result<Lsn> { return now; });
-  EXPECT_TRUE(p.StartTransactions(early));
-  p.Open(wal.From(Lsn(1)));
-  p.RunUntilIdle();
-  p.CommitAll();
-  p.Advance(30ms);
-  EXPECT_EQ(p.tracker().confirmed(), LastEnd(wal));
-  Status st = p.Stop();
-  EXPECT_TRUE(st) << st.error().message;
-  EXPECT_TRUE(p.EndTransactions(st));
+  std::function<Result<Lsn>()> wal_end_now;
+  if (read_again) wal_end_now = [now]() -> Result<Lsn> { return now; };
+  RunProcess(&kafka, wal, Lsn(1), 1000, early, nullptr, /*paced=*/false, std::nullopt,
+             std::move(wal_end_now));
   return kafka.committed();
 }
 
