@@ -29,9 +29,7 @@ std::optional<Recovery> Common(const Attempt& a, const Error& e) {
   return std::nullopt;
 }
 
-}  // namespace
-
-Recovery Decide(const Attempt& a) {
+Recovery DecideAction(const Attempt& a) {
   if (!a.error) {
     if (a.phase == Phase::kStream || a.stop_requested) return Of(Action::kDone, 0);
     return Of(Action::kNextPhase, 0);
@@ -69,6 +67,29 @@ Recovery Decide(const Attempt& a) {
   }
   if (e.code == ErrorCode::kSlotInUse) return Of(Action::kStandby, 0, true);
   return Of(Action::kReconnect, 1, true, kDbRead);
+}
+
+// How the error of an attempt that ends in `r` is told.
+Telling TellingOf(const Error& e, const Recovery& r) {
+  switch (r.action) {
+    case Action::kStop:
+      return e.code == ErrorCode::kSlotLost ? Telling::kSlotLost : Telling::kAsIs;
+    case Action::kRestartPipeline:
+      return e.code == ErrorCode::kFenced || e.code == ErrorCode::kSlotInUse ? Telling::kReplaced
+                                                                             : Telling::kAsIs;
+    case Action::kReconnect:
+      return e.code == ErrorCode::kAborted ? Telling::kAsIs : Telling::kReplication;
+    default:
+      return Telling::kAsIs;
+  }
+}
+
+}  // namespace
+
+Recovery Decide(const Attempt& a) {
+  Recovery r = DecideAction(a);
+  if (a.error) r.telling = TellingOf(*a.error, r);
+  return r;
 }
 
 std::string_view ActionName(Action action) {

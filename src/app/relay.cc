@@ -242,7 +242,7 @@ int Relay::Run(const std::atomic<bool>& stop) {
         return code == kExitOk && phase == Phase::kStream ? kExitFailure : code;
       }
       case Action::kStop:
-        if (attempt.error->code == ErrorCode::kSlotLost) {
+        if (recovery.telling == Telling::kSlotLost) {
           // --on-slot-lost=fail. The server's error alone ("can no longer get
           // changes from replication slot") says neither what to do nor that
           // nothing is lost: say it, as the check at start does.
@@ -257,8 +257,7 @@ int Relay::Run(const std::atomic<bool>& stop) {
         Shutdown(live, true);
         return ExitCodeOf(*attempt.error);
       case Action::kRestartPipeline:
-        if (attempt.error->code == ErrorCode::kFenced ||
-            attempt.error->code == ErrorCode::kSlotInUse) {
+        if (recovery.telling == Telling::kReplaced) {
           spdlog::warn(
               "this relay was replaced ({}); the Kafka producer is replaced, and the relay "
               "resumes from slot {} if it is still its own, else waits as a standby",
@@ -275,7 +274,7 @@ int Relay::Run(const std::atomic<bool>& stop) {
         break;
       case Action::kReconnect:
         spdlog::warn("{}{}",
-                     attempt.error->code == ErrorCode::kAborted ? "" : "replication: ", why);
+                     recovery.telling == Telling::kReplication ? "replication: " : "", why);
         if (session) backoff = 0;  // it streamed: start the backoff over
         // Close the replication connection now, not after the wait below: a
         // server that is stopping waits for its walsender, which waits for us.

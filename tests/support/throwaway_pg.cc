@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 #include <netinet/in.h>
 #include <pwd.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -37,6 +39,27 @@ bool PortFree(int port) {
   bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
   ::close(fd);
   return ok;
+}
+
+// Claims `port` for this process among the test processes of this machine: an
+// exclusive lock on a file named after it, held until the process ends (the
+// descriptor stays open). Two tests run at once (ctest -j2, two lanes) and
+// each checks its ports free a few seconds before its server binds them (a
+// JVM's start); without the claim both could take the same free port.
+bool ClaimPort(int port) {
+  static const std::string dir = [] {
+    std::string d = "/tmp/outbox-test-ports";
+    ::mkdir(d.c_str(), 0777);
+    ::chmod(d.c_str(), 01777);
+    return d;
+  }();
+  int fd = ::open(fmt::format("{}/{}", dir, port).c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0666);
+  if (fd < 0) return true;  // no claim possible: the bind check alone, as before
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd);
+    return false;
+  }
+  return true;  // fd left open: the claim lasts as long as the process
 }
 
 std::string ReadFile(const std::string& path) {
@@ -138,7 +161,7 @@ int FreeLocalPort(int first) {
                     first, kFirstEphemeralPort - 1));
   }
   for (int p = first; p < first + 200; ++p) {
-    if (PortFree(p)) return p;
+    if (PortFree(p) && ClaimPort(p)) return p;
   }
   throw std::runtime_error(fmt::format("no free port in {}..{}", first, first + 199));
 }

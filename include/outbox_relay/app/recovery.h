@@ -47,6 +47,14 @@ enum class Action {
   kRetry,            // the same phase again after a backoff
 };
 
+// How the error is told, beside its own message.
+enum class Telling {
+  kAsIs,        // the message alone
+  kReplication, // prefixed "replication: " (the stream's connection broke)
+  kSlotLost,    // with what --on-slot-lost=reconcile would do, and that nothing is lost
+  kReplaced,    // this instance was replaced: a new producer, maybe a standby
+};
+
 struct Recovery {
   Action action = Action::kStop;
   // The error is logged as: 0 info, 1 warning, 2 error.
@@ -56,6 +64,7 @@ struct Recovery {
   // Counted as an error of the replication connection (db_read) or of Kafka
   // (kafka_unavailable); "" none.
   std::string_view metric_reason;
+  Telling telling = Telling::kAsIs;
   bool operator==(const Recovery&) const = default;
 };
 

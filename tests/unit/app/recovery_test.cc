@@ -17,6 +17,7 @@ struct Row {
   Action want;
   bool reconnect = false;
   std::string_view metric = {};
+  Telling tell = Telling::kAsIs;
 };
 
 Attempt At(Phase phase, std::optional<Error> error = std::nullopt) {
@@ -48,7 +49,8 @@ TEST(Recovery, EveryWayAnAttemptEndsHasOneRecovery) {
       {"Kafka gave up under the backfill",
        With(At(kSlotSetup, E(kFatal)), [](Attempt& a) { a.failure_retryable = true; }),
        Action::kRestartPipeline},
-      {"fenced under the backfill", At(kSlotSetup, E(kFenced)), Action::kRestartPipeline},
+      {"fenced under the backfill", At(kSlotSetup, E(kFenced)), Action::kRestartPipeline, false, {},
+       Telling::kReplaced},
       {"fenced while stopping",
        With(At(kSlotSetup, E(kFenced)), [](Attempt& a) { a.stop_requested = true; }),
        Action::kStop},
@@ -62,7 +64,8 @@ TEST(Recovery, EveryWayAnAttemptEndsHasOneRecovery) {
       // The stream.
       {"stopped between transactions", At(kStream), Action::kDone},
       {"stop gave up an open transaction", At(kStream, E(kCancelled)), Action::kDone},
-      {"connection broke", At(kStream, E(kTransient)), Action::kReconnect, true, "db_read"},
+      {"connection broke", At(kStream, E(kTransient)), Action::kReconnect, true, "db_read",
+       Telling::kReplication},
       {"connection broke, tables wait to join",
        With(At(kStream, E(kTransient)), [](Attempt& a) { a.end_requested = true; }),
        Action::kRejoin},
@@ -71,12 +74,13 @@ TEST(Recovery, EveryWayAnAttemptEndsHasOneRecovery) {
       {"slot lost, fail",
        With(At(kStream, E(kSlotLost)),
             [](Attempt& a) { a.on_slot_lost = pipeline::OnSlotLost::kFail; }),
-       Action::kStop},
+       Action::kStop, false, {}, Telling::kSlotLost},
       {"another instance streams", At(kStream, E(kSlotInUse)), Action::kStandby, true},
       {"exactly-once: another instance took the slot over",
        With(At(kStream, E(kSlotInUse)), [](Attempt& a) { a.transactions_ready = true; }),
-       Action::kRestartPipeline, true},
-      {"exactly-once: fenced", At(kStream, E(kFenced)), Action::kRestartPipeline, true},
+       Action::kRestartPipeline, true, {}, Telling::kReplaced},
+      {"exactly-once: fenced", At(kStream, E(kFenced)), Action::kRestartPipeline, true, {},
+       Telling::kReplaced},
       {"exactly-once: a Kafka transaction aborted", At(kStream, E(kAborted)), Action::kReconnect,
        true, "kafka_unavailable"},
       {"exactly-once: aborted, a topic needs smaller batches",
@@ -100,6 +104,7 @@ TEST(Recovery, EveryWayAnAttemptEndsHasOneRecovery) {
     EXPECT_EQ(r.action, row.want) << row.what << ": " << ActionName(r.action);
     EXPECT_EQ(r.reconnect, row.reconnect) << row.what;
     EXPECT_EQ(r.metric_reason, row.metric) << row.what;
+    EXPECT_EQ(r.telling, row.tell) << row.what;
   }
 }
 
