@@ -273,8 +273,7 @@ int Relay::Run(const std::atomic<bool>& stop) {
         SleepUnlessStopped(Backoff(backoff++), stop, stats_);
         break;
       case Action::kReconnect:
-        spdlog::warn("{}{}",
-                     recovery.telling == Telling::kReplication ? "replication: " : "", why);
+        spdlog::warn("{}{}", recovery.telling == Telling::kReplication ? "replication: " : "", why);
         if (session) backoff = 0;  // it streamed: start the backoff over
         // Close the replication connection now, not after the wait below: a
         // server that is stopping waits for its walsender, which waits for us.

@@ -49,10 +49,10 @@ enum class Action {
 
 // How the error is told, beside its own message.
 enum class Telling {
-  kAsIs,        // the message alone
-  kReplication, // prefixed "replication: " (the stream's connection broke)
-  kSlotLost,    // with what --on-slot-lost=reconcile would do, and that nothing is lost
-  kReplaced,    // this instance was replaced: a new producer, maybe a standby
+  kAsIs,         // the message alone
+  kReplication,  // prefixed "replication: " (the stream's connection broke)
+  kSlotLost,     // with what --on-slot-lost=reconcile would do, and that nothing is lost
+  kReplaced,     // this instance was replaced: a new producer, maybe a standby
 };
 
 struct Recovery {
