@@ -73,8 +73,10 @@ class ResilienceBackfill : public RelayTest {
   }
 };
 
-// Autovacuum off on the whole server while it lives (the integration tests
-// run one at a time), after the workers already running have finished.
+// Autovacuum off on the whole server while it lives (one test of the lane
+// `services` runs at a time; a test of the lane `side` beside it loses
+// nothing by a pause of autovacuum), after the workers already running have
+// finished.
 class AutovacuumPaused {
  public:
   explicit AutovacuumPaused(const std::string& url) : pg_(url) {
