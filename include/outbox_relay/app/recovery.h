@@ -57,8 +57,6 @@ enum class Telling {
 
 struct Recovery {
   Action action = Action::kStop;
-  // The error is logged as: 0 info, 1 warning, 2 error.
-  int severity = 2;
   // Counted as a reconnect (outbox_relay_reconnects_total).
   bool reconnect = false;
   // Counted as an error of the replication connection (db_read) or of Kafka
@@ -69,7 +67,5 @@ struct Recovery {
 };
 
 Recovery Decide(const Attempt& attempt);
-
-std::string_view ActionName(Action action);
 
 }  // namespace outbox_relay::app
