@@ -253,7 +253,7 @@ TEST_F(ImageRelay, DockerStopDrainsWithinTheGracePeriodWithoutDuplicates) {
   Ledger ledger;
   LoadGenerator load = MakeLoad(Workload(), &ledger);
   load.Start();
-  std::mt19937_64 rng(std::random_device{}());
+  std::mt19937_64 rng(TestSeed());
   std::string stops;
   double longest = 0;
   for (int i = 0; i < kStops; ++i) {
@@ -302,7 +302,7 @@ TEST_F(ImageRelay, DockerKillThenANewContainerLosesNothing) {
   Ledger ledger;
   LoadGenerator load = MakeLoad(Workload(), &ledger);
   load.Start();
-  std::mt19937_64 rng(std::random_device{}());
+  std::mt19937_64 rng(TestSeed());
   for (int i = 0; i < kKills; ++i) {
     std::this_thread::sleep_for(milliseconds(1500 + rng() % 2000));
     ASSERT_TRUE(container->Running()) << container->LogTail();

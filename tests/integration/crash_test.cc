@@ -54,7 +54,7 @@ TEST_F(Crash, KillNineUnderLoad) {
   LoadGenerator load(Workload(), &ledger, 2, resilience::MixedTx, std::chrono::microseconds(3000));
   load.Start();
 
-  std::mt19937_64 rng(std::random_device{}());
+  std::mt19937_64 rng(TestSeed());
   auto kill_phase = std::chrono::steady_clock::now();
   int kills = 0, not_streaming = 0, killed_streaming = 0;
   int pauses = 0, killed_frozen = 0, killed_just_thawed = 0;

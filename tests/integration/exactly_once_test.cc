@@ -163,13 +163,6 @@ class ExactlyOnce : public RelayTest {
     }
     return overlapped;
   }
-
-  static uint64_t TestSeed() {
-    uint64_t seed = std::random_device{}();
-    if (const char* s = std::getenv("OUTBOX_IT_SEED")) seed = std::stoull(s);
-    fmt::print("seed {} (OUTBOX_IT_SEED)\n", seed);
-    return seed;
-  }
 };
 
 TEST_F(ExactlyOnce, CrashLoopUnderLoadPublishesEveryRowOnce) {

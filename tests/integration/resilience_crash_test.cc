@@ -41,7 +41,7 @@ TEST_F(ResilienceCrash, HarnessSeesLossWhenTheRelayConfirmsTheNewestTransaction)
     tx.rollback = rng() % 10 == 0;
     return tx;
   };
-  std::mt19937_64 rng(std::random_device{}());
+  std::mt19937_64 rng(TestSeed());
   int kills = 0, rounds = 0;
   size_t transactions = 0;
   DeliveryReport delivery;

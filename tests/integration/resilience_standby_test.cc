@@ -60,7 +60,7 @@ TEST_F(ResilienceStandby, KillNineActiveStandbyTakesOver) {
       std::chrono::microseconds(3000));
   load.Start();
 
-  std::mt19937_64 rng(std::random_device{}());
+  std::mt19937_64 rng(TestSeed());
   std::vector<double> takeovers;
   double max_takeover = 0;
   int standby_retries_seen = 0;

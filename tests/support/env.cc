@@ -6,9 +6,11 @@
 #include <librdkafka/rdkafka.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <random>
 #include <string>
 
 #ifndef OUTBOX_IT_LOG_DIR
@@ -112,6 +114,16 @@ std::string CurrentTestName() {
   const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
   if (info == nullptr) return "";
   return fmt::format("{}.{}", info->test_suite_name(), info->name());
+}
+
+uint64_t TestSeed() {
+  uint64_t seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+  if (const char* s = std::getenv("OUTBOX_IT_SEED"); s != nullptr && *s != '\0') {
+    seed = std::stoull(s);
+  }
+  fmt::print("seed {} (OUTBOX_IT_SEED)\n", seed);
+  std::fflush(stdout);
+  return seed;
 }
 
 }  // namespace outbox_test

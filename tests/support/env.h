@@ -5,6 +5,7 @@
 // a green run must mean the behaviour was checked.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace outbox_test {
@@ -30,5 +31,9 @@ std::string UniqueName(const std::string& prefix);
 
 // The name of the running test, "Suite.Name" ("" outside a test).
 std::string CurrentTestName();
+
+// A seed for a test's random schedule: OUTBOX_IT_SEED if set (to replay a
+// run), else a new one; printed either way ("seed N (OUTBOX_IT_SEED)").
+uint64_t TestSeed();
 
 }  // namespace outbox_test
