@@ -12,24 +12,6 @@ namespace outbox_relay::kafka {
 
 namespace {
 
-ErrorCode CodeOf(rd_kafka_resp_err_t err) {
-  switch (err) {
-    case RD_KAFKA_RESP_ERR__TIMED_OUT:
-    case RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT:
-    case RD_KAFKA_RESP_ERR__TRANSPORT:
-    case RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN:
-    case RD_KAFKA_RESP_ERR_NOT_CONTROLLER:
-    case RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE:
-    case RD_KAFKA_RESP_ERR__WAIT_COORD:
-      return ErrorCode::kTransient;
-    case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
-    case RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED:
-      return ErrorCode::kPermission;
-    default:
-      return ErrorCode::kInvalidArgument;
-  }
-}
-
 // Sends nothing itself: waits for the result event of a request queued on `queue`.
 Result<EventHandle> Await(rd_kafka_queue_t* queue, std::chrono::milliseconds timeout,
                           const std::atomic<bool>* cancel, std::string_view what) {
@@ -45,7 +27,7 @@ Result<EventHandle> Await(rd_kafka_queue_t* queue, std::chrono::milliseconds tim
   }
   if (!ev) return Fail(ErrorCode::kTransient, "{}: no answer within {} ms", what, timeout.count());
   if (rd_kafka_resp_err_t err = rd_kafka_event_error(ev.get()); err) {
-    return Fail(CodeOf(err), "{}: {}", what, rd_kafka_event_error_string(ev.get()));
+    return Fail(AdminErrorCode(err), "{}: {}", what, rd_kafka_event_error_string(ev.get()));
   }
   return ev;
 }
@@ -94,7 +76,7 @@ Status CreateTopic(rd_kafka_t* rk, const std::string& name, int partitions, int 
   for (size_t i = 0; i < count; ++i) {
     rd_kafka_resp_err_t err = rd_kafka_topic_result_error(results[i]);
     if (err != RD_KAFKA_RESP_ERR_NO_ERROR && err != RD_KAFKA_RESP_ERR_TOPIC_ALREADY_EXISTS) {
-      return Fail(CodeOf(err), "create topic {}: {}", name,
+      return Fail(AdminErrorCode(err), "create topic {}: {}", name,
                   rd_kafka_topic_result_error_string(results[i]));
     }
   }
@@ -124,7 +106,8 @@ Result<std::optional<std::map<std::string, std::string>>> DescribeConfigs(
   rd_kafka_resp_err_t err = rd_kafka_ConfigResource_error(described[0]);
   if (err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) return std::optional<Config>();
   if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
-    return Fail(CodeOf(err), "{}: {}", what, rd_kafka_ConfigResource_error_string(described[0]));
+    return Fail(AdminErrorCode(err), "{}: {}", what,
+                rd_kafka_ConfigResource_error_string(described[0]));
   }
   Config out;
   size_t entries = 0;
@@ -262,6 +245,35 @@ Result<std::map<std::string, std::string>> BrokerConfig(rd_kafka_t* rk, int32_t 
   if (!config) return std::unexpected(config.error());
   if (!*config) return Fail(ErrorCode::kTransient, "describe broker {}: unknown", broker_id);
   return std::move(**config);
+}
+
+ErrorCode AdminErrorCode(rd_kafka_resp_err_t err) {
+  switch (err) {
+    case RD_KAFKA_RESP_ERR__TIMED_OUT:
+    case RD_KAFKA_RESP_ERR__TIMED_OUT_QUEUE:
+    case RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT:
+    case RD_KAFKA_RESP_ERR__TRANSPORT:
+    case RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN:
+    case RD_KAFKA_RESP_ERR__DESTROY_BROKER:  // a broker's connection torn down (a broker left)
+    case RD_KAFKA_RESP_ERR__NODE_UPDATE:
+    case RD_KAFKA_RESP_ERR__RESOLVE:
+    case RD_KAFKA_RESP_ERR__WAIT_COORD:
+    case RD_KAFKA_RESP_ERR_NOT_CONTROLLER:
+    case RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE:
+    case RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION:
+    case RD_KAFKA_RESP_ERR_BROKER_NOT_AVAILABLE:
+    case RD_KAFKA_RESP_ERR_NETWORK_EXCEPTION:
+    case RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS:
+    case RD_KAFKA_RESP_ERR_COORDINATOR_NOT_AVAILABLE:
+    case RD_KAFKA_RESP_ERR_NOT_COORDINATOR:
+    case RD_KAFKA_RESP_ERR_THROTTLING_QUOTA_EXCEEDED:
+      return ErrorCode::kTransient;
+    case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
+    case RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED:
+      return ErrorCode::kPermission;
+    default:
+      return ErrorCode::kInvalidArgument;
+  }
 }
 
 }  // namespace outbox_relay::kafka

@@ -33,6 +33,13 @@ using ConfigResourceHandle = CHandle<rd_kafka_ConfigResource_t, rd_kafka_ConfigR
 using MetadataHandle = CHandle<const rd_kafka_metadata_t, rd_kafka_metadata_destroy>;
 using ErrorHandle = CHandle<rd_kafka_error_t, rd_kafka_error_destroy>;
 
+// What an admin request's error means for the caller: kTransient when asking
+// again can succeed (no answer, no connection, a broker or connection torn
+// down, a leader or controller moving, a coordinator loading), kPermission for
+// an authorization failure, kInvalidArgument otherwise (a setting or a topic
+// the relay cannot serve: the relay stops with exit code 2).
+ErrorCode AdminErrorCode(rd_kafka_resp_err_t err);
+
 // Creates topic `name`. Ok when it was created or already existed;
 // kTransient when the brokers did not answer in time; otherwise the broker's
 // reason (kInvalidArgument, kPermission).

@@ -69,5 +69,23 @@ TEST_F(AdminMockTest, AStopEndsTheWait) {
   EXPECT_NE(served.error().message.find("cancelled"), std::string::npos) << served.error().message;
 }
 
+// A relay exited with code 2 (a setting error) in the fault campaign when a
+// broker's connection was torn down under its request ("Local: Broker handle
+// destroyed without termination"): that, and a leader, controller or
+// coordinator moving, are asked again; a setting is not.
+TEST(AdminErrorCode, ATornDownConnectionOrAMovingLeaderIsTransientASettingIsNot) {
+  for (rd_kafka_resp_err_t err :
+       {RD_KAFKA_RESP_ERR__DESTROY_BROKER, RD_KAFKA_RESP_ERR__TRANSPORT,
+        RD_KAFKA_RESP_ERR__TIMED_OUT, RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN,
+        RD_KAFKA_RESP_ERR_NOT_CONTROLLER, RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,
+        RD_KAFKA_RESP_ERR_BROKER_NOT_AVAILABLE, RD_KAFKA_RESP_ERR_NETWORK_EXCEPTION,
+        RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS, RD_KAFKA_RESP_ERR_NOT_COORDINATOR}) {
+    EXPECT_EQ(AdminErrorCode(err), ErrorCode::kTransient) << rd_kafka_err2name(err);
+  }
+  EXPECT_EQ(AdminErrorCode(RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED), ErrorCode::kPermission);
+  EXPECT_EQ(AdminErrorCode(RD_KAFKA_RESP_ERR_INVALID_CONFIG), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(AdminErrorCode(RD_KAFKA_RESP_ERR_POLICY_VIOLATION), ErrorCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace outbox_relay::kafka
