@@ -117,13 +117,7 @@ void Relay::StartWatchdog() {
   // given up at most a quarter of the timeout late.
   const milliseconds period = std::min(milliseconds(1000), timeout / 4);
   watchdog_ = std::thread([this, timeout, period] {
-    MutexLock lock(&watchdog_mu_);
-    while (true) {
-      const auto until = CondVar::Clock::now() + period;
-      while (!watchdog_stop_) {
-        if (!watchdog_cv_.WaitUntil(&watchdog_mu_, until)) break;
-      }
-      if (watchdog_stop_) break;
+    while (!watchdog_stop_.SleepFor(period)) {
       if (auto why = tracker_->ExpireOverdue(Clock::now(), timeout)) {
         spdlog::warn("kafka: {} (--kafka-delivery-timeout-ms {}): giving them up", *why,
                      timeout.count());
@@ -133,11 +127,7 @@ void Relay::StartWatchdog() {
 }
 
 void Relay::StopWatchdog() {
-  {
-    MutexLock lock(&watchdog_mu_);
-    watchdog_stop_ = true;
-  }
-  watchdog_cv_.NotifyAll();
+  watchdog_stop_.Set();
   if (watchdog_.joinable()) watchdog_.join();
 }
 

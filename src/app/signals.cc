@@ -37,27 +37,17 @@ StopDeadline::StopDeadline(const std::atomic<bool>& stop, std::chrono::milliseco
     : stop_(stop), bound_(bound), thread_([this] { Watch(); }) {}
 
 StopDeadline::~StopDeadline() {
-  {
-    MutexLock lock(&mu_);
-    disarmed_ = true;
-  }
-  cv_.NotifyAll();
+  disarmed_.Set();
   if (thread_.joinable()) thread_.join();
 }
 
 void StopDeadline::Watch() {
-  MutexLock lock(&mu_);
   // The stop flag is set by a signal handler, which cannot notify: look
   // every 100 ms.
-  while (!disarmed_ && !stop_.load()) {
-    cv_.WaitUntil(&mu_, CondVar::Clock::now() + std::chrono::milliseconds(100));
+  while (!stop_.load()) {
+    if (disarmed_.SleepFor(std::chrono::milliseconds(100))) return;
   }
-  if (disarmed_) return;
-  const auto deadline = CondVar::Clock::now() + bound_;
-  while (!disarmed_) {
-    if (!cv_.WaitUntil(&mu_, deadline)) break;
-  }
-  if (disarmed_) return;
+  if (disarmed_.SleepFor(bound_)) return;
   spdlog::error(
       "stopping: still {} {} ms after the stop request: exiting now without it (nothing Kafka "
       "did not acknowledge was confirmed; the next start resumes from the slot)",

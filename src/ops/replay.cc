@@ -336,7 +336,7 @@ class Replayer {
       // Bounded in flight: wait for delivery reports before producing more.
       while (report_->produced - state_.reported >= c_.relay.max_in_flight && state_.failed == 0 &&
              !StopRequested()) {
-        state_.progress.WaitUntil(&state_.mu, CondVar::Clock::now() + milliseconds(100));
+        state_.progress.WaitFor(&state_.mu, milliseconds(100));
       }
       tx = &state_.window.back();
       ++tx->outstanding;
@@ -351,7 +351,7 @@ class Replayer {
       }
       // The producer's queue is full: its delivery thread makes room.
       MutexLock lock(&state_.mu);
-      state_.progress.WaitUntil(&state_.mu, CondVar::Clock::now() + milliseconds(10));
+      state_.progress.WaitFor(&state_.mu, milliseconds(10));
     }
   }
 

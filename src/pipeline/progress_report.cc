@@ -91,7 +91,7 @@ void StepLine::Begin(std::string step) {
 void StepLine::Loop() {
   MutexLock lock(&mu_);
   while (!stop_) {
-    cv_.WaitUntil(&mu_, CondVar::Clock::now() + kTerminalEvery);
+    cv_.WaitFor(&mu_, kTerminalEvery);
     const auto ran = Clock::Steady().Now() - since_;
     if (!stop_ && !step_.empty() && ran >= std::chrono::milliseconds(500)) {
       std::fprintf(stderr, "\r%s: %s: %.1f s\x1b[K", what_.c_str(), step_.c_str(),

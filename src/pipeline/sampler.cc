@@ -73,12 +73,8 @@ void Sampler::Start() {
 }
 
 void Sampler::Stop() {
-  {
-    MutexLock lock(&mu_);
-    stop_ = true;
-  }
   aborting_ = true;
-  cv_.NotifyAll();
+  stop_.Set();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -98,14 +94,7 @@ void Sampler::Loop() {
   auto next_counts = Clock::now();
   auto next_lag = Clock::now();
   while (true) {
-    {
-      MutexLock lock(&mu_);
-      const auto until = std::min(next_counts, next_lag);
-      while (!stop_) {
-        if (!cv_.WaitUntil(&mu_, until)) break;
-      }
-      if (stop_) return;
-    }
+    if (stop_.SleepUntil(std::min(next_counts, next_lag))) return;
     if (!conn) {
       // The row counts read the whole table: a longer statement timeout.
       pg::NetworkOptions network = config_.network;

@@ -819,11 +819,7 @@ void WatermillTables::StartDiscovery() {
 }
 
 void WatermillTables::StopDiscovery() {
-  {
-    MutexLock lock(&discovery_mu_);
-    discovery_stop_ = true;
-  }
-  discovery_cv_.NotifyAll();
+  discovery_stop_.Set();
   if (discovery_.joinable()) discovery_.join();
 }
 
@@ -835,14 +831,7 @@ void WatermillTables::DiscoveryLoop() {
   // topic, another shape) are not among the resolved ones.
   std::optional<pg::Connection> conn;
   while (true) {
-    {
-      MutexLock lock(&discovery_mu_);
-      const auto until = CondVar::Clock::now() + options_.discover_interval;
-      while (!discovery_stop_) {
-        if (!discovery_cv_.WaitUntil(&discovery_mu_, until)) break;
-      }
-      if (discovery_stop_) return;
-    }
+    if (discovery_stop_.SleepFor(options_.discover_interval)) return;
     if (end_requested_.load()) continue;
     if (!conn) {
       auto c = pg::Connection::Open(options_.database_url, pg::Connection::Mode::kNormal,

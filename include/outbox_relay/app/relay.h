@@ -170,9 +170,7 @@ class Relay {
   int last_walsender_pid_ = 0;                    // of our last replication connection
 
   std::thread watchdog_;  // touches tracker_ only
-  Mutex watchdog_mu_;
-  CondVar watchdog_cv_;
-  bool watchdog_stop_ GUARDED_BY(watchdog_mu_) = false;
+  StopLatch watchdog_stop_;
 
   Mutex refresh_mu_;  // RefreshMetrics (HTTP threads)
   // What RefreshMetrics already added to the counters.

@@ -39,9 +39,7 @@ class StopDeadline {
   const std::chrono::milliseconds bound_;
   std::atomic<const char*> step_{"stopping"};
   std::atomic<int> code_{1};
-  Mutex mu_;
-  CondVar cv_;
-  bool disarmed_ GUARDED_BY(mu_) = false;
+  StopLatch disarmed_;
   std::thread thread_;
 };
 

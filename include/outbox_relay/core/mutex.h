@@ -74,6 +74,10 @@ class CondVar {
     lock.release();  // still held: the caller's
     return woken;
   }
+  // WaitUntil now + `d`.
+  bool WaitFor(Mutex* mu, std::chrono::nanoseconds d) REQUIRES(mu) {
+    return WaitUntil(mu, Clock::now() + d);
+  }
   // Waits until notified (or woken spuriously).
   void Wait(Mutex* mu) REQUIRES(mu) {
     std::unique_lock<std::mutex> lock(mu->mu_, std::adopt_lock);
@@ -85,6 +89,34 @@ class CondVar {
 
  private:
   std::condition_variable cv_;
+};
+
+// The stop request of a thread that works in rounds (a watchdog, a sampler, a
+// discovery loop): it sleeps between rounds in SleepUntil, and Set() wakes it
+// at once. Set once, for good.
+class StopLatch {
+ public:
+  void Set() EXCLUDES(mu_) {
+    {
+      MutexLock lock(&mu_);
+      set_ = true;
+    }
+    cv_.NotifyAll();
+  }
+  // Sleeps until `deadline` or Set(): true when set.
+  bool SleepUntil(CondVar::Clock::time_point deadline) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    while (!set_) {
+      if (!cv_.WaitUntil(&mu_, deadline)) break;
+    }
+    return set_;
+  }
+  bool SleepFor(std::chrono::nanoseconds d) { return SleepUntil(CondVar::Clock::now() + d); }
+
+ private:
+  Mutex mu_;
+  CondVar cv_;
+  bool set_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace outbox_relay

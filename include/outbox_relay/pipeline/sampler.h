@@ -46,9 +46,7 @@ class Sampler {
   const SamplerOptions config_;
   metrics::Metrics* metrics_;
   std::thread thread_;
-  Mutex mu_;
-  CondVar cv_;
-  bool stop_ GUARDED_BY(mu_) = false;
+  StopLatch stop_;
   // Set by Stop(): a statement of the sampler's waiting for an answer gives
   // up at once (pg::Connection::set_abort), so Stop() does not wait out the
   // sampler's long statement deadline on a connection gone silent.

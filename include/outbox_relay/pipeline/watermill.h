@@ -222,9 +222,8 @@ class WatermillTables {
 
   std::atomic<bool> end_requested_{false};
   std::thread discovery_;
+  StopLatch discovery_stop_;
   Mutex discovery_mu_;
-  CondVar discovery_cv_;
-  bool discovery_stop_ GUARDED_BY(discovery_mu_) = false;
   std::set<std::string> followed_names_ GUARDED_BY(discovery_mu_);
 };
 
