@@ -350,8 +350,7 @@ Status Relay::Stream(std::optional<pipeline::StreamSession>* session,
       TerminateStaleWalsender(*admin, *slot);
     }
   }
-  auto conn = pg::Connection::Open(config_.replication_url(), pg::Connection::Mode::kReplication,
-                                   "outbox-relay", config_.pg_network);
+  auto conn = OpenReplication();
   if (!conn) return std::unexpected(conn.error());
   auto identity = pg::IdentifySystem(*conn);
   if (!identity) return std::unexpected(identity.error());

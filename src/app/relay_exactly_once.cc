@@ -16,6 +16,11 @@ using std::chrono::milliseconds;
 
 }  // namespace
 
+Result<pg::Connection> Relay::OpenReplication() const {
+  return pg::Connection::Open(config_.replication_url(), pg::Connection::Mode::kReplication,
+                              "outbox-relay", config_.pg_network);
+}
+
 Result<Relay::RelaySink> Relay::MakeRelaySink() {
   auto on_error = [this](const Error&) {
     metrics_.CountError(metrics::ErrorReason::kKafkaUnavailable);
@@ -49,7 +54,7 @@ Result<std::string> Relay::TransactionalId() {
   // The cluster (its system identifier), the database and the slot: two
   // relays of different databases never share a transactional.id, and an
   // instance taking a slot over takes its predecessor's, fencing it.
-  auto repl = pg::Connection::Open(config_.database_url, pg::Connection::Mode::kReplication);
+  auto repl = OpenReplication();
   if (!repl) return std::unexpected(repl.error());
   auto identity = pg::IdentifySystem(*repl);
   if (!identity) return std::unexpected(identity.error());
@@ -114,8 +119,7 @@ Status Relay::EnsureTransactions(const pipeline::ProgressFacts* known) {
   if (known != nullptr) {
     facts = *known;
   } else {
-    auto repl = pg::Connection::Open(config_.replication_url(), pg::Connection::Mode::kReplication,
-                                     "outbox-relay", config_.pg_network);
+    auto repl = OpenReplication();
     if (!repl) return std::unexpected(repl.error());
     auto identity = pg::IdentifySystem(*repl);
     if (!identity) return std::unexpected(identity.error());
@@ -157,8 +161,7 @@ Status Relay::EnsureTransactions(const pipeline::ProgressFacts* known) {
   // The server's WAL end as IDENTIFY_SYSTEM says it when the progress is
   // judged (after the fencing), not when the facts were gathered.
   eos->ReadWalEndWith([this]() -> Result<Lsn> {
-    auto repl = pg::Connection::Open(config_.replication_url(), pg::Connection::Mode::kReplication,
-                                     "outbox-relay", config_.pg_network);
+    auto repl = OpenReplication();
     if (!repl) return std::unexpected(repl.error());
     auto identity = pg::IdentifySystem(*repl);
     if (!identity) return std::unexpected(identity.error());

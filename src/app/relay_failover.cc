@@ -63,8 +63,7 @@ Lsn SharedBelow(pg::Connection& repl, const pg::SystemIdentity& identity, uint32
 
 bool Relay::FollowPromotionAtStop() {
   if (timeline_ == 0) return false;
-  auto repl = pg::Connection::Open(config_.replication_url(), pg::Connection::Mode::kReplication,
-                                   "outbox-relay", config_.pg_network);
+  auto repl = OpenReplication();
   if (!repl) {
     spdlog::warn("stopping: cannot read where the timelines part: {}", repl.error().message);
     return false;

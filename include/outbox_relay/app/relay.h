@@ -94,6 +94,9 @@ class Relay {
     kafka::KafkaProducer* kafka = nullptr;  // the sink, when it is Kafka's
   };
   Result<RelaySink> MakeRelaySink();
+  // A replication connection to the server with the relay's network settings
+  // (IDENTIFY_SYSTEM, TIMELINE_HISTORY; the stream has its own).
+  Result<pg::Connection> OpenReplication() const;
   // Exactly-once (relay_exactly_once.cc): the transactional.id
   // (--transactional-id, or derived), and the progress topic.
   Result<std::string> TransactionalId();
