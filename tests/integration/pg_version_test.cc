@@ -47,12 +47,20 @@ TEST_F(PgVersion, TheServerIsTheMajorUnderTest) {
 }
 
 TEST_F(PgVersion, AnIdleRelayStaysIdleAfterItsWork) {
+  // A cluster of the test's own: the WAL counted is the cluster's, and the
+  // tests of the other lane write to the shared one (15,397,272 bytes in 4 s
+  // in one CI run, where this relay wrote next to nothing).
+  ThrowawayPostgres cluster(FreeLocalPort(25660 + static_cast<int>(getpid() % 30)),
+                            "-c wal_level=logical -c max_wal_senders=4 -c max_replication_slots=4");
+  db_ = std::make_unique<Pg>(cluster.url());
   CreateTables();
-  RelayProcess& relay = StartRelay();
+  RelayProcess& relay = StartRelay({}, {{"DATABASE_URL", cluster.url()}});
   ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
+  WorkloadOptions options = Workload();
+  options.database_url = cluster.url();
   Ledger ledger;
   {
-    Writer writer(Workload(), &ledger, -1, 11);
+    Writer writer(options, &ledger, -1, 11);
     for (int i = 0; i < 40; ++i) {
       ASSERT_TRUE(writer.Transaction({.rows = 1 + i % 3, .other_table_rows = i % 2}));
     }
@@ -74,11 +82,10 @@ TEST_F(PgVersion, AnIdleRelayStaysIdleAfterItsWork) {
   EXPECT_EQ(indexed, 40);
   EXPECT_EQ(commits(), indexed) << "the relay indexes transactions nobody wrote";
   // A marker feeding on its own empty transactions writes without pause
-  // (megabytes in 4 s); an idle relay writes next to nothing. The WAL is the
-  // cluster's: the test running next to this one under ctest -j2 writes some
-  // too (278,240 bytes in one CI run on 16, where the bound was 256 KiB), so
-  // the bound is 1 MiB and the commit index above is the exact check.
-  EXPECT_LT(wal_growth, 1024u * 1024) << relay.LogTail();
+  // (megabytes in 4 s); an idle relay writes next to nothing. Nothing else
+  // writes to this cluster but its own background (autovacuum, a checkpoint),
+  // so 256 KiB leaves room; the commit index above is the exact check.
+  EXPECT_LT(wal_growth, 256u * 1024) << relay.LogTail();
   CheckCommitIndex(ledger);
 }
 
