@@ -318,6 +318,14 @@ Status Relay::RunPhase(Phase phase, std::optional<pipeline::StreamSession>* sess
   switch (phase) {
     case Phase::kSlotSetup:
       if (!need_slot_setup_) return Ok();
+      if (!tracker_->empty()) {
+        // What is still in flight was read from the slot before it ended (the
+        // drain before this gave up: Kafka silent, or its delivery failed). Its
+        // position means nothing to a slot made anew or set up by another
+        // instance: forgotten, those transactions come again from that slot or
+        // from its backfill, as after a restart of the process.
+        if (auto st = RestartPipeline("the slot is set up again"); !st) return st;
+      }
       if (auto st = slot_setup_->Run(); !st) return st;
       need_slot_setup_ = false;
       slot_setup_->Recovered();

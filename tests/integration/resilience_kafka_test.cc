@@ -185,6 +185,90 @@ TEST_F(ResilienceKafka, BrokerDownLongerThanWalSenderTimeout) {
   fmt::print("total {:.1f} s\n", SecondsSince(started_));
 }
 
+// Rows in flight to a broker that is down, and the slot dropped and set up
+// again by a second instance (on another Kafka cluster, which is up), whose
+// backfill is held for 12 s (the stall-backfill test fault). The first
+// instance, back from its reconnect's bounded drain, finds the slot being set
+// up and must not stream it (it would publish newer rows before the
+// backfill's older ones): it waits as a standby and then sets the slot up
+// itself, with its rows still in flight. It restarts its pipeline for that
+// (what it held comes again from the slot or the backfill, here the second
+// instance's); without that it exited 1, "internal: slot setup with rows
+// still in flight", as a relay once did in the fault campaign.
+TEST_F(ResilienceKafka, ASlotSetUpAgainWhileTheBrokerHoldsRowsIsWaitedForWithoutExiting) {
+  ThrowawayKafka& broker = Broker();
+  CreateTables();
+  RelayProcess& first =
+      StartRelay({"--create-topics", "true"}, {{"KAFKA_BROKERS", broker.brokers()}});
+  ASSERT_TRUE(WaitStreaming(first)) << first.LogTail();
+  Ledger ledger;
+  Writer writer(Workload(), &ledger, -1, 5);
+  ASSERT_TRUE(writer.Transaction({.rows = 3}));
+  ASSERT_EQ(WaitAllAcked(seconds(60)), 0) << DescribeUnacked();
+  // The second instance waits as a standby; it recreates the slot when it goes.
+  RelayProcess& second = StartRelay(
+      {"--create-topics", "true"},
+      {{"KAFKA_BROKERS", env_.kafka_brokers}, {"OUTBOX_TEST_FAULT", "stall-backfill:12"}});
+  ASSERT_TRUE(second.WaitForLog("standby:", seconds(30))) << second.LogTail();
+
+  broker.Stop();
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(writer.Transaction({.rows = 2}));
+  std::this_thread::sleep_for(milliseconds(1000));  // read from the slot, held by the broker
+  // The slot goes: its walsender ended, then dropped before either relay is back.
+  bool dropped = false;
+  auto deadline = std::chrono::steady_clock::now() + seconds(30);
+  while (!dropped && std::chrono::steady_clock::now() < deadline) {
+    auto slot = QuerySlot(*db_, name_);
+    ASSERT_TRUE(slot.has_value());
+    if (slot->active_pid) {
+      db_->Exec(fmt::format("SELECT pg_terminate_backend({})", *slot->active_pid));
+    }
+    try {
+      db_->Exec("SELECT pg_drop_replication_slot($1)", {name_});
+      dropped = true;
+    } catch (const std::exception&) {
+      std::this_thread::sleep_for(milliseconds(20));  // a relay took it again
+    }
+  }
+  ASSERT_TRUE(dropped) << first.LogTail();
+  ASSERT_TRUE(second.WaitForLog("TEST FAULT stall-backfill", seconds(30))) << second.LogTail();
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(writer.Transaction({.rows = 2}));
+  ASSERT_TRUE(first.WaitForLog("not streaming it, waiting for its setup", seconds(30)))
+      << first.LogTail();
+  // Its drain (5 s), its wait as a standby (2 s), the second's setup (12 s).
+  ASSERT_TRUE(second.WaitForLog("streaming from slot", seconds(60))) << second.LogTail();
+  std::this_thread::sleep_for(seconds(3));
+  ASSERT_TRUE(first.Running()) << "the relay exited while its broker was down:\n"
+                               << first.LogTail();
+
+  broker.Start();
+  EXPECT_EQ(WaitAllAcked(seconds(120)), 0) << DescribeUnacked() << first.LogTail();
+  EXPECT_TRUE(first.Running()) << first.LogTail();
+  EXPECT_TRUE(second.Running()) << second.LogTail();
+  // Every row in one of the two clusters (the order is each cluster's own).
+  std::vector<KafkaRecord> records = ReadTopics({.timeout = seconds(60)});
+  KafkaReader shared(env_.kafka_brokers);
+  for (KafkaRecord& r : shared.Read({}, topic_prefix_ + ".", {.timeout = seconds(60)})) {
+    records.push_back(std::move(r));
+  }
+  DeliveryReport delivery = CheckDelivery(ledger.committed(), ledger.rolled_back(), records);
+  fmt::print("slot set up again while the first relay's broker was down: {}\n", delivery.Summary());
+  EXPECT_EQ(delivery.lost, 0u) << delivery.Samples();
+  EXPECT_EQ(delivery.phantom, 0u) << delivery.Samples();
+  EXPECT_EQ(MisackedRows(), 0);
+  first.Terminate();
+  second.Terminate();
+  EXPECT_EQ(first.Wait(seconds(40)), std::optional<int>(0)) << first.LogTail();
+  EXPECT_EQ(second.Wait(seconds(40)), std::optional<int>(0)) << second.LogTail();
+  if (kafka_ != nullptr) {
+    try {
+      shared.DeleteTopics(shared.TopicsWithPrefix(topic_prefix_ + "."));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "[cleanup] kafka topics: %s\n", e.what());
+    }
+  }
+}
+
 // A topic the broker does not have and will not create: the relay stops with
 // an error that names the topic (and counts it in
 // outbox_forwarder_errors_total while it runs), marks and confirms nothing of
