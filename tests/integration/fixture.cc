@@ -1,6 +1,7 @@
 #include "fixture.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -14,8 +15,26 @@ double SecondsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
+namespace {
+
+// scripts/services' settings of the shared cluster (pg_write_config).
+constexpr const char* kSharedClusterSettings =
+    "-c max_connections=200 -c shared_buffers=256MB -c wal_level=logical "
+    "-c max_replication_slots=20 -c max_wal_senders=20 -c wal_sender_timeout=60s "
+    "-c max_slot_wal_keep_size=-1 -c log_min_messages=warning";
+
+}  // namespace
+
 void RelayTest::SetUp() {
   started_ = std::chrono::steady_clock::now();
+  if (const char* own = std::getenv("OUTBOX_IT_OWN_CLUSTER"); own != nullptr && *own == '1') {
+    own_cluster_ = std::make_unique<ThrowawayPostgres>(
+        FreeLocalPort(27200 + static_cast<int>(getpid() % 500)), kSharedClusterSettings);
+    Pg(own_cluster_->url()).Exec("CREATE DATABASE outbox");
+    ::setenv("DATABASE_URL", own_cluster_->url("outbox").c_str(), 1);
+    fmt::print("[fixture] a cluster of this test's own (OUTBOX_IT_OWN_CLUSTER): {} in {:.1f} s\n",
+               own_cluster_->url("outbox"), SecondsSince(started_));
+  }
   ASSERT_NO_FATAL_FAILURE(LoadEnv(&env_));
   const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
   std::string test;
