@@ -28,12 +28,7 @@ constexpr const char* kSharedClusterSettings =
 void RelayTest::SetUp() {
   started_ = std::chrono::steady_clock::now();
   if (const char* own = std::getenv("OUTBOX_IT_OWN_CLUSTER"); own != nullptr && *own == '1') {
-    own_cluster_ = std::make_unique<ThrowawayPostgres>(
-        FreeLocalPort(27200 + static_cast<int>(getpid() % 500)), kSharedClusterSettings);
-    Pg(own_cluster_->url()).Exec("CREATE DATABASE outbox");
-    ::setenv("DATABASE_URL", own_cluster_->url("outbox").c_str(), 1);
-    fmt::print("[fixture] a cluster of this test's own (OUTBOX_IT_OWN_CLUSTER): {} in {:.1f} s\n",
-               own_cluster_->url("outbox"), SecondsSince(started_));
+    UseOwnCluster();
   }
   ASSERT_NO_FATAL_FAILURE(LoadEnv(&env_));
   const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
@@ -54,7 +49,24 @@ void RelayTest::SetUp() {
   DropRelayObjects(env_.database_url, name_, name_, {name_, other_table_}, 2000);
 }
 
+void RelayTest::UseOwnCluster() {
+  if (own_cluster_) return;
+  auto t0 = std::chrono::steady_clock::now();
+  own_cluster_ = std::make_unique<ThrowawayPostgres>(
+      FreeLocalPort(27200 + static_cast<int>(getpid() % 500)), kSharedClusterSettings);
+  Pg(own_cluster_->url()).Exec("CREATE DATABASE outbox");
+  const std::string url = own_cluster_->url("outbox");
+  if (const char* shared = std::getenv("DATABASE_URL")) shared_database_url_ = shared;
+  ::setenv("DATABASE_URL", url.c_str(), 1);
+  if (db_) {  // after SetUp: the fixture follows too
+    env_.database_url = url;
+    db_ = std::make_unique<Pg>(url);
+  }
+  fmt::print("[fixture] a cluster of this test's own: {} in {:.1f} s\n", url, SecondsSince(t0));
+}
+
 void RelayTest::TearDown() {
+  if (shared_database_url_) ::setenv("DATABASE_URL", shared_database_url_->c_str(), 1);
   for (auto& r : relays_) {
     if (r->Running()) {
       r->Kill(SIGKILL);

@@ -87,13 +87,16 @@ class RelayTest : public ::testing::Test {
   std::vector<KafkaRecord> ReadTopics(const ReadOptions& options = {});
   std::map<std::string, int> PartitionCounts(const std::vector<KafkaRecord>& records);
 
-  // With OUTBOX_IT_OWN_CLUSTER=1 (the tests of the lane `side`, which run
-  // beside one test of the lane `services`): a PostgreSQL cluster of this
-  // test's own, set up as scripts/services sets up the shared one; DATABASE_URL
-  // (the fixture's, the relays', the writers') names it. The shared cluster
-  // then carries one test's WAL, catalog changes and walsender traffic at a
-  // time, which tests of the lane `services` measure.
+  // A PostgreSQL cluster of this test's own, set up as scripts/services sets
+  // up the shared one; DATABASE_URL (the fixture's, the relays', the
+  // writers') names it until TearDown. Called by SetUp with
+  // OUTBOX_IT_OWN_CLUSTER=1 (the tests of the lane `side`, so that the shared
+  // cluster carries one test's WAL, catalog changes and walsender traffic at a
+  // time), or first thing by a test that measures the whole cluster.
+  void UseOwnCluster();
+
   std::unique_ptr<ThrowawayPostgres> own_cluster_;
+  std::optional<std::string> shared_database_url_;  // DATABASE_URL before UseOwnCluster
   Env env_;
   std::string name_;  // it_<test>_<pid>: table, slot and publication
   std::string other_table_;

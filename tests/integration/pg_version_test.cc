@@ -50,17 +50,13 @@ TEST_F(PgVersion, AnIdleRelayStaysIdleAfterItsWork) {
   // A cluster of the test's own: the WAL counted is the cluster's, and the
   // tests of the other lane write to the shared one (15,397,272 bytes in 4 s
   // in one CI run, where this relay wrote next to nothing).
-  ThrowawayPostgres cluster(FreeLocalPort(25660 + static_cast<int>(getpid() % 30)),
-                            "-c wal_level=logical -c max_wal_senders=4 -c max_replication_slots=4");
-  db_ = std::make_unique<Pg>(cluster.url());
+  UseOwnCluster();
   CreateTables();
-  RelayProcess& relay = StartRelay({}, {{"DATABASE_URL", cluster.url()}});
+  RelayProcess& relay = StartRelay();
   ASSERT_TRUE(WaitStreaming(relay)) << relay.LogTail();
-  WorkloadOptions options = Workload();
-  options.database_url = cluster.url();
   Ledger ledger;
   {
-    Writer writer(options, &ledger, -1, 11);
+    Writer writer(Workload(), &ledger, -1, 11);
     for (int i = 0; i < 40; ++i) {
       ASSERT_TRUE(writer.Transaction({.rows = 1 + i % 3, .other_table_rows = i % 2}));
     }

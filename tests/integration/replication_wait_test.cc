@@ -5,13 +5,11 @@
 // cores idle. The marker rings a doorbell (pg::Doorbell, an eventfd) that the
 // wait watches next to the socket.
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <thread>
 
 #include "fixture.h"
 #include "outbox_relay/pg/replication.h"
-#include "support/throwaway_pg.h"
 
 namespace outbox_test {
 namespace {
@@ -29,15 +27,13 @@ TEST_F(ReplicationWait, ADoorbellEndsTheWaitOfAQuietStream) {
   // decodes other sessions' WAL, and the tests of the other lane write to the
   // shared cluster without pause (every one of five waits ended with a
   // message in one CI run).
-  ThrowawayPostgres cluster(FreeLocalPort(26100 + static_cast<int>(getpid() % 500)),
-                            "-c wal_level=logical -c max_wal_senders=4 -c max_replication_slots=4");
-  db_ = std::make_unique<Pg>(cluster.url());
+  UseOwnCluster();
   CreateTables();
   db_->Exec(fmt::format("CREATE PUBLICATION {0} FOR TABLE {0} WITH (publish = 'insert')",
                         QuoteIdent(name_)));
   db_->Exec(fmt::format("SELECT pg_create_logical_replication_slot({}, 'pgoutput')",
                         QuoteLiteral(name_)));
-  auto conn = Connection::Open(cluster.url(), Connection::Mode::kReplication, "outbox-it");
+  auto conn = Connection::Open(env_.database_url, Connection::Mode::kReplication, "outbox-it");
   ASSERT_TRUE(conn) << conn.error().message;
   auto stream = ReplicationStream::Start(std::move(*conn), name_, name_, outbox_relay::Lsn());
   ASSERT_TRUE(stream) << stream.error().message;
