@@ -59,14 +59,6 @@ std::string Tail(const std::string& text, size_t lines) {
   return text.substr(pos == 0 ? 0 : pos + 1);
 }
 
-bool HasKafkaJar(const std::string& dir) {
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    if (e.path().filename().string().starts_with("kafka_2.13-")) return true;
-  }
-  return false;
-}
-
 // Nobody listens on 127.0.0.1:port (TIME_WAIT leftovers do not count: the
 // broker binds with SO_REUSEADDR too).
 bool NoListener(int port) {
@@ -129,27 +121,6 @@ void ReapStaleBrokers() {
 
 }  // namespace
 
-std::string KafkaLibsDir() {
-  if (const char* env = std::getenv("OUTBOX_KAFKA_LIBS"); env != nullptr && *env != '\0') {
-    if (HasKafkaJar(env)) return env;
-  }
-  std::string cmd = std::string(OUTBOX_SOURCE_DIR) + "/scripts/services kafka-libs 2>/dev/null";
-  std::string out;
-  if (FILE* p = ::popen(cmd.c_str(), "r")) {
-    char buf[4096];
-    while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
-    ::pclose(p);
-  }
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  if (size_t nl = out.rfind('\n'); nl != std::string::npos) out = out.substr(nl + 1);
-  if (out.empty() || !HasKafkaJar(out)) {
-    throw std::runtime_error(
-        "no Kafka jars: OUTBOX_KAFKA_LIBS is not set (eval \"$(scripts/services env)\") and `" +
-        cmd + "` printed '" + out + "'");
-  }
-  return out;
-}
-
 ThrowawayKafka::ThrowawayKafka(std::map<std::string, std::string> properties,
                                std::vector<std::string> format_args,
                                std::vector<std::string> jvm_options)
@@ -166,7 +137,6 @@ ThrowawayKafka::ThrowawayKafka(std::map<std::string, std::string> properties, Ka
 
 void ThrowawayKafka::Create() {
   ReapStaleBrokers();
-  libs_ = KafkaLibsDir();
   char tmpl[] = "/tmp/outbox-it-kafka-XXXXXX";
   if (::mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
   dir_ = tmpl;
@@ -180,8 +150,7 @@ void ThrowawayKafka::Create() {
       controller_port_ = FreeLocalPort(port_ + 1);
     }
     extra_port_ = FreeLocalPort(std::max(controller_port_, node_ ? node_->client_port : 0) + 1);
-    WriteConfig();
-    Format();
+    Make();
     if (!node_) Start();
   } catch (...) {
     if (pid_ > 0 && !Reap(false)) {
@@ -215,30 +184,12 @@ std::string ThrowawayKafka::client_brokers() const {
   return node_ ? node_->client_advertised : brokers();
 }
 
-void ThrowawayKafka::WriteConfig() {
+void ThrowawayKafka::Make() {
+  // scripts/services makes every test broker, the shared one too: its
+  // settings, the storage format and the command line are the script's; this
+  // kit passes what differs (the file of KEY=VALUE lines below) and runs the
+  // command itself, so that the broker dies with the test process.
   std::map<std::string, std::string> p = {
-      {"process.roles", "broker,controller"},
-      {"node.id", "1"},
-      {"controller.quorum.voters", fmt::format("1@127.0.0.1:{}", controller_port_)},
-      {"listeners",
-       fmt::format("PLAINTEXT://127.0.0.1:{},CONTROLLER://127.0.0.1:{}", port_, controller_port_)},
-      {"advertised.listeners", fmt::format("PLAINTEXT://127.0.0.1:{}", port_)},
-      {"listener.security.protocol.map", "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"},
-      {"controller.listener.names", "CONTROLLER"},
-      {"inter.broker.listener.name", "PLAINTEXT"},
-      {"log.dirs", dir_ + "/data"},
-      {"offsets.topic.replication.factor", "1"},
-      {"transaction.state.log.replication.factor", "1"},
-      {"transaction.state.log.min.isr", "1"},
-      {"share.coordinator.state.topic.replication.factor", "1"},
-      {"share.coordinator.state.topic.min.isr", "1"},
-      {"num.partitions", "3"},
-      {"auto.create.topics.enable", "true"},
-      {"group.initial.rebalance.delay.ms", "0"},
-      // A restarted broker registers again only after its last session
-      // expired (see scripts/services): keep that short.
-      {"broker.heartbeat.interval.ms", "500"},
-      {"broker.session.timeout.ms", "3000"},
       // Small and quick: a test broker holds little.
       {"num.network.threads", "2"},
       {"num.io.threads", "2"},
@@ -269,27 +220,36 @@ void ThrowawayKafka::WriteConfig() {
     }
     p[k] = value;
   }
-  std::ofstream out(dir_ + "/server.properties");
-  out << "# Written by tests/support/throwaway_kafka.cc\n";
-  for (const auto& [k, v] : p) out << k << "=" << v << "\n";
-  if (!out) throw std::runtime_error("cannot write " + dir_ + "/server.properties");
-  std::filesystem::create_directories(dir_ + "/data");
-  std::filesystem::create_directories(dir_ + "/logs");
-}
-
-void ThrowawayKafka::Format() {
-  std::string extra;
-  for (const std::string& a : format_args_) extra += " '" + a + "'";
+  {
+    std::ofstream out(dir_ + "/overrides.properties");
+    for (const auto& [k, v] : p) out << k << "=" << v << "\n";
+    if (!out) throw std::runtime_error("cannot write " + dir_ + "/overrides.properties");
+  }
   std::string cmd = fmt::format(
-      "java -Dlog4j2.configurationFile={src}/scripts/kafka/log4j2.properties "
-      "-Dkafka.logs.dir={dir}/logs -cp '{libs}/*' kafka.tools.StorageTool format -t {id} "
-      "-c {dir}/server.properties{extra} > {dir}/format.log 2>&1",
-      fmt::arg("src", OUTBOX_SOURCE_DIR), fmt::arg("dir", dir_), fmt::arg("libs", libs_),
-      fmt::arg("id", node_ ? node_->cluster_id : RandomClusterId()), fmt::arg("extra", extra));
-  int rc = std::system(cmd.c_str());
+      "{}/scripts/services kafka-node {} {} {} {} {}/overrides.properties", OUTBOX_SOURCE_DIR, dir_,
+      port_, controller_port_, node_ ? node_->cluster_id : RandomClusterId(), dir_);
+  for (const std::string& a : format_args_) cmd += " '" + a + "'";
+  cmd += " 2> " + dir_ + "/services.log";
+  std::string out;
+  int rc = -1;
+  if (FILE* pipe = ::popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    while (std::fgets(buf, sizeof buf, pipe) != nullptr) out += buf;
+    rc = ::pclose(pipe);
+  }
   if (rc != 0) {
-    throw std::runtime_error(fmt::format("kafka StorageTool format failed ({}):\n{}", rc,
-                                         Tail(ReadFile(dir_ + "/format.log"), 20)));
+    throw std::runtime_error(fmt::format("scripts/services kafka-node failed ({}):\n{}", rc,
+                                         Tail(ReadFile(dir_ + "/services.log"), 20)));
+  }
+  command_.clear();
+  for (size_t at = 0; at < out.size();) {
+    size_t end = out.find('\n', at);
+    if (end == std::string::npos) end = out.size();
+    if (end > at) command_.push_back(out.substr(at, end - at));
+    at = end + 1;
+  }
+  if (command_.empty() || command_.front() != "java") {
+    throw std::runtime_error("scripts/services kafka-node printed no java command line:\n" + out);
   }
 }
 
@@ -309,24 +269,9 @@ void ThrowawayKafka::Launch() {
       throw std::runtime_error(fmt::format("throwaway kafka: port {} is taken", p));
     }
   }
-  // Class-data sharing, as scripts/services does: the archive the shared
-  // broker recorded (same jars) saves seconds of start-up on 2 cores.
-  std::string jsa = libs_.substr(0, libs_.rfind('/')) + "/kafka-cds.jsa";
-  std::vector<std::string> args = {"java"};
-  if (std::filesystem::exists(jsa)) args.push_back("-XX:SharedArchiveFile=" + jsa);
-  for (const char* a : {"-Xms128m", "-Xmx512m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
-                        "-XX:InitiatingHeapOccupancyPercent=35", "-XX:+ExplicitGCInvokesConcurrent",
-                        "-Djava.awt.headless=true"}) {
-    args.emplace_back(a);
-  }
-  args.push_back(std::string("-Dlog4j2.configurationFile=") + OUTBOX_SOURCE_DIR +
-                 "/scripts/kafka/log4j2.properties");
-  args.push_back("-Dkafka.logs.dir=" + dir_ + "/logs");
-  args.insert(args.end(), jvm_options_.begin(), jvm_options_.end());
-  args.push_back("-cp");
-  args.push_back(libs_ + "/*");
-  args.push_back("kafka.Kafka");
-  args.push_back(dir_ + "/server.properties");
+  // The script's command line, and the test's JVM options after `java`.
+  std::vector<std::string> args = command_;
+  args.insert(args.begin() + 1, jvm_options_.begin(), jvm_options_.end());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

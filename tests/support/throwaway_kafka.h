@@ -2,9 +2,10 @@
 // suffer (stopping it would break every other test using it) and for broker
 // settings it must not get (auto.create.topics.enable=false, a small
 // message.max.bytes): a single-node KRaft broker+controller on two free
-// 127.0.0.1 ports, with its own data directory under /tmp, started from the
-// jars `scripts/services` caches (`java -cp "<libs>/*" kafka.Kafka
-// server.properties` after `kafka.tools.StorageTool format`).
+// 127.0.0.1 ports, with its own data directory under /tmp. `scripts/services
+// kafka-node` makes it as it makes the shared broker (the same settings, the
+// same storage format, the same command line from the jars it caches); this
+// kit adds the test's settings and runs the command itself.
 //
 // Stop() and Start() again keep the ports and the data (topics and records
 // survive, as for a broker restart in production). The broker dies with the
@@ -26,11 +27,6 @@
 #include <vector>
 
 namespace outbox_test {
-
-// The directory of the broker's jars: $OUTBOX_KAFKA_LIBS (exported by
-// `scripts/services env`), else what `scripts/services kafka-libs` prints.
-// Throws when neither gives a directory with a kafka jar.
-std::string KafkaLibsDir();
 
 // A node of a multi-node KRaft cluster (KafkaCluster): what the cluster
 // decided for it. Its broker has two listeners: INTERNAL (between the
@@ -90,8 +86,8 @@ class ThrowawayKafka {
   std::string LogTail(size_t lines = 30) const;
 
  private:
-  void WriteConfig();
-  void Format();
+  // Configures and formats the broker (scripts/services kafka-node); keeps its command line.
+  void Make();
   bool Answers(std::chrono::milliseconds timeout) const;
   bool Reap(bool block);
 
@@ -101,7 +97,7 @@ class ThrowawayKafka {
   std::vector<std::string> format_args_;
   std::vector<std::string> jvm_options_;
   std::optional<KafkaNodeSpec> node_;
-  std::string libs_;
+  std::vector<std::string> command_;  // the broker's command line, from scripts/services
   std::string dir_;
   int port_ = 0;
   int controller_port_ = 0;

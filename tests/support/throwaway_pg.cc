@@ -186,10 +186,20 @@ ThrowawayPostgres::ThrowawayPostgres(int port, std::string settings, int major, 
 
 ThrowawayPostgres::ThrowawayPostgres(int port, const std::string& settings, int major)
     : ThrowawayPostgres(port, settings, major, NoInit{}) {
-  Run(fmt::format("{}/initdb -D {}/data -A trust -U postgres --no-sync > {}/initdb.log 2>&1", bin_,
-                  dir_, dir_),
-      "initdb");
+  Services(fmt::format("pg-cluster {} {} {}", dir_, port_, major_), "initdb");
   Start();
+}
+
+void ThrowawayPostgres::Services(const std::string& args, const char* what) const {
+  // scripts/services makes every test cluster, the shared one too: one initdb,
+  // one set of settings (written to data/outbox-relay.conf).
+  std::string log = dir_ + "/services.log";
+  int rc = std::system(
+      fmt::format("{}/scripts/services {} > {} 2>&1", OUTBOX_SOURCE_DIR, args, log).c_str());
+  if (rc != 0) {
+    throw std::runtime_error(
+        fmt::format("scripts/services {} ({}) failed ({}):\n{}", args, what, rc, ReadFile(log)));
+  }
 }
 
 std::unique_ptr<ThrowawayPostgres> ThrowawayPostgres::StandbyOf(const ThrowawayPostgres& primary,
@@ -204,6 +214,7 @@ std::unique_ptr<ThrowawayPostgres> ThrowawayPostgres::StandbyOf(const ThrowawayP
   // same name would block the synchronization of the primary's).
   s->Run(fmt::format("sh -c 'rm -rf {0}/data/pg_replslot/* {0}/data/postmaster.pid'", s->dir_),
          "remove the copied slots");
+  s->Services(fmt::format("pg-cluster-config {} {}", s->dir_, s->port_), "its settings");
   s->WriteDataFile("standby.signal", "");
   s->AppendConfig(standby_conf);
   return s;
@@ -231,6 +242,7 @@ std::unique_ptr<ThrowawayPostgres> ThrowawayPostgres::BaseBackupOf(const Throwaw
                      "> {}/basebackup.log 2>&1",
                      primary.bin_, s->dir_, primary.port_, name, s->dir_),
          "pg_basebackup");
+  s->Services(fmt::format("pg-cluster-config {} {}", s->dir_, s->port_), "its settings");
   return s;
 }
 
@@ -251,9 +263,9 @@ std::string ThrowawayPostgres::url(const std::string& database) const {
 }
 
 void ThrowawayPostgres::Start() {
-  Run(fmt::format("{}/pg_ctl -D {}/data -l {}/postgres.log -w -t 60 -o \"-p {} -c "
-                  "listen_addresses=127.0.0.1 -k {} {}\" start > /dev/null",
-                  bin_, dir_, dir_, port_, dir_, settings_),
+  // The port, address and socket directory are in data/outbox-relay.conf.
+  Run(fmt::format("{}/pg_ctl -D {}/data -l {}/postgres.log -w -t 60 -o \"{}\" start > /dev/null",
+                  bin_, dir_, dir_, settings_),
       "pg_ctl start");
   started_ = true;
 }

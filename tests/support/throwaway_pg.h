@@ -77,6 +77,8 @@ class ThrowawayPostgres {
   struct NoInit {};
   ThrowawayPostgres(int port, std::string settings, int major, NoInit);
   void Run(const std::string& command, const char* what) const;
+  // scripts/services ARGS (pg-cluster, pg-cluster-config); throws with its output.
+  void Services(const std::string& args, const char* what) const;
 
   int port_;
   int major_;
