@@ -17,11 +17,17 @@ double SecondsSince(std::chrono::steady_clock::time_point t) {
 
 namespace {
 
-// scripts/services' settings of the shared cluster (pg_write_config).
-constexpr const char* kSharedClusterSettings =
-    "-c max_connections=200 -c shared_buffers=256MB -c wal_level=logical "
-    "-c max_replication_slots=20 -c max_wal_senders=20 -c wal_sender_timeout=60s "
-    "-c max_slot_wal_keep_size=-1 -c log_min_messages=warning";
+// The PostgreSQL matrix (tests/integration/CMakeLists.txt): OUTBOX_IT_MATRIX=<major> runs the
+// test on a cluster of its own of that major (its throwaway clusters are of it too), with the
+// crash suite's shorter loop. Set before main, so that every reader of these sees them.
+[[maybe_unused]] const bool kMatrix = [] {
+  const char* major = std::getenv("OUTBOX_IT_MATRIX");
+  if (major == nullptr || *major == '\0') return false;
+  ::setenv("OUTBOX_PG_VERSION", major, 1);
+  ::setenv("OUTBOX_IT_OWN_CLUSTER", "1", 1);
+  ::setenv("OUTBOX_IT_CRASH_KILLS", "8", 0);
+  return true;
+}();
 
 }  // namespace
 
@@ -52,8 +58,9 @@ void RelayTest::SetUp() {
 void RelayTest::UseOwnCluster() {
   if (own_cluster_) return;
   auto t0 = std::chrono::steady_clock::now();
+  // With the shared cluster's settings (scripts/services pg-cluster makes it).
   own_cluster_ = std::make_unique<ThrowawayPostgres>(
-      FreeLocalPort(27200 + static_cast<int>(getpid() % 500)), kSharedClusterSettings);
+      FreeLocalPort(27200 + static_cast<int>(getpid() % 500)), "");
   Pg(own_cluster_->url()).Exec("CREATE DATABASE outbox");
   const std::string url = own_cluster_->url("outbox");
   if (const char* shared = std::getenv("DATABASE_URL")) shared_database_url_ = shared;
