@@ -49,6 +49,13 @@ void StandbyMarks::SetBackfilledBefore(Lsn lsn) {
 void StandbyMarks::SeenAt(TimePoint now) {
   MutexLock lock(&mu_);
   seen_ = std::max(seen_, now);
+  // A standby seen lately is waited for, whatever a read before said: a new
+  // instance's marker may read the positions (no standby yet: it reconnects
+  // after a restart of the primary) before the instance has read the record
+  // that says one was seen. Until its next read, that read's "none" made
+  // Keep drop the marks the record listed, and a promotion then published
+  // those rows again (the hour-long campaign's duplicates).
+  if (SeenLatelyLocked(now)) standbys_ = true;
 }
 
 bool StandbyMarks::SeenLately(TimePoint now) const {

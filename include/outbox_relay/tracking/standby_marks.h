@@ -75,7 +75,7 @@ class StandbyMarks {
   // The standbys as read after some marks committed, at `now`.
   void Read(const StandbyPositions& standbys, TimePoint now = std::chrono::steady_clock::now());
   // A standby was seen at `now` (by an earlier process: its progress record
-  // says so).
+  // says so): marks are kept from now on, even after a read that found none.
   void SeenAt(TimePoint now = std::chrono::steady_clock::now());
   // Whether a standby was seen within kAway of `now`.
   bool SeenLately(TimePoint now = std::chrono::steady_clock::now()) const;

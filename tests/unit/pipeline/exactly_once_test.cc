@@ -707,6 +707,28 @@ TEST(StandbyMarks, AStandbySeenLatelyAndGoneNowIsWaitedForAMinute) {
   EXPECT_EQ(next.size(), 1u);
 }
 
+// The hour-long exactly-once campaign's duplicates (216, 237 and 1,069 rows): a
+// relay restarted just after an immediate restart of the primary, whose
+// standby reconnects only seconds later. The new instance's marker read the
+// positions (no standby) before the instance had read its record (a standby
+// seen 2 s ago); the record's unmarked rows, moved to the kept marks once the
+// slot was confirmed past them, were dropped as "no standby", and the
+// promotion that followed backfilled them again.
+TEST(StandbyMarks, ANewInstanceWhoseMarkerReadNoStandbyBeforeTheRecordKeepsItsMarks) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t0 = Clock::now();
+  tracking::StandbyMarks marks;
+  marks.Enable();
+  marks.Read({.written = Lsn(0x100), .lowest = std::nullopt}, t0);  // the marker, first
+  EXPECT_FALSE(marks.keeping());
+  marks.SeenAt(t0 + 1s);  // then the record: a standby was seen
+  EXPECT_TRUE(marks.keeping());
+  marks.Keep(Lsn(0x30), {9, 0, 4});
+  EXPECT_EQ(marks.size(), 1u) << "the record's rows were dropped: a promotion publishes them again";
+  marks.Read({.written = Lsn(0x200), .lowest = std::nullopt}, t0 + 2s);
+  EXPECT_EQ(marks.size(), 1u) << "the standby, away for a second, is waited for";
+}
+
 TEST(KafkaProgressCodec, WhetherAStandbyWasSeenRoundTrips) {
   ProgressRecord r;
   r.key = kKey;
