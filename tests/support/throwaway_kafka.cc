@@ -225,22 +225,11 @@ void ThrowawayKafka::Make() {
     for (const auto& [k, v] : p) out << k << "=" << v << "\n";
     if (!out) throw std::runtime_error("cannot write " + dir_ + "/overrides.properties");
   }
-  std::string cmd = fmt::format(
-      "{}/scripts/services kafka-node {} {} {} {} {}/overrides.properties", OUTBOX_SOURCE_DIR, dir_,
-      port_, controller_port_, node_ ? node_->cluster_id : RandomClusterId(), dir_);
-  for (const std::string& a : format_args_) cmd += " '" + a + "'";
-  cmd += " 2> " + dir_ + "/services.log";
-  std::string out;
-  int rc = -1;
-  if (FILE* pipe = ::popen(cmd.c_str(), "r")) {
-    char buf[4096];
-    while (std::fgets(buf, sizeof buf, pipe) != nullptr) out += buf;
-    rc = ::pclose(pipe);
-  }
-  if (rc != 0) {
-    throw std::runtime_error(fmt::format("scripts/services kafka-node failed ({}):\n{}", rc,
-                                         Tail(ReadFile(dir_ + "/services.log"), 20)));
-  }
+  std::string args =
+      fmt::format("kafka-node {} {} {} {} {}/overrides.properties", dir_, port_, controller_port_,
+                  node_ ? node_->cluster_id : RandomClusterId(), dir_);
+  for (const std::string& a : format_args_) args += " '" + a + "'";
+  const std::string out = RunServicesScript(args, dir_ + "/services.log");
   command_.clear();
   for (size_t at = 0; at < out.size();) {
     size_t end = out.find('\n', at);

@@ -186,20 +186,25 @@ ThrowawayPostgres::ThrowawayPostgres(int port, std::string settings, int major, 
 
 ThrowawayPostgres::ThrowawayPostgres(int port, const std::string& settings, int major)
     : ThrowawayPostgres(port, settings, major, NoInit{}) {
-  Services(fmt::format("pg-cluster {} {} {}", dir_, port_, major_), "initdb");
+  RunServicesScript(fmt::format("pg-cluster {} {} {}", dir_, port_, major_),
+                    dir_ + "/services.log");
   Start();
 }
 
-void ThrowawayPostgres::Services(const std::string& args, const char* what) const {
-  // scripts/services makes every test cluster, the shared one too: one initdb,
-  // one set of settings (written to data/outbox-relay.conf).
-  std::string log = dir_ + "/services.log";
-  int rc = std::system(
-      fmt::format("{}/scripts/services {} > {} 2>&1", OUTBOX_SOURCE_DIR, args, log).c_str());
+std::string RunServicesScript(const std::string& args, const std::string& log) {
+  std::string cmd = fmt::format("{}/scripts/services {} 2> {}", OUTBOX_SOURCE_DIR, args, log);
+  std::string out;
+  int rc = -1;
+  if (FILE* pipe = ::popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    while (std::fgets(buf, sizeof buf, pipe) != nullptr) out += buf;
+    rc = ::pclose(pipe);
+  }
   if (rc != 0) {
     throw std::runtime_error(
-        fmt::format("scripts/services {} ({}) failed ({}):\n{}", args, what, rc, ReadFile(log)));
+        fmt::format("scripts/services {} failed ({}):\n{}", args, rc, ReadFile(log)));
   }
+  return out;
 }
 
 std::unique_ptr<ThrowawayPostgres> ThrowawayPostgres::StandbyOf(const ThrowawayPostgres& primary,
@@ -214,7 +219,8 @@ std::unique_ptr<ThrowawayPostgres> ThrowawayPostgres::StandbyOf(const ThrowawayP
   // same name would block the synchronization of the primary's).
   s->Run(fmt::format("sh -c 'rm -rf {0}/data/pg_replslot/* {0}/data/postmaster.pid'", s->dir_),
          "remove the copied slots");
-  s->Services(fmt::format("pg-cluster-config {} {}", s->dir_, s->port_), "its settings");
+  RunServicesScript(fmt::format("pg-cluster-config {} {}", s->dir_, s->port_),
+                    s->dir_ + "/services.log");
   s->WriteDataFile("standby.signal", "");
   s->AppendConfig(standby_conf);
   return s;
@@ -242,7 +248,8 @@ std::unique_ptr<ThrowawayPostgres> ThrowawayPostgres::BaseBackupOf(const Throwaw
                      "> {}/basebackup.log 2>&1",
                      primary.bin_, s->dir_, primary.port_, name, s->dir_),
          "pg_basebackup");
-  s->Services(fmt::format("pg-cluster-config {} {}", s->dir_, s->port_), "its settings");
+  RunServicesScript(fmt::format("pg-cluster-config {} {}", s->dir_, s->port_),
+                    s->dir_ + "/services.log");
   return s;
 }
 

@@ -77,8 +77,6 @@ class ThrowawayPostgres {
   struct NoInit {};
   ThrowawayPostgres(int port, std::string settings, int major, NoInit);
   void Run(const std::string& command, const char* what) const;
-  // scripts/services ARGS (pg-cluster, pg-cluster-config); throws with its output.
-  void Services(const std::string& args, const char* what) const;
 
   int port_;
   int major_;
@@ -96,5 +94,10 @@ class ThrowawayPostgres {
 // candidates reach into the range is a mistake in the test (std::logic_error).
 inline constexpr int kFirstEphemeralPort = 32768;
 int FreeLocalPort(int first);
+
+// `scripts/services ARGS`, which makes every test server (the shared ones and
+// the tests' own): returns what it printed on stdout; its stderr goes to
+// `log`. Throws with the log's text when it fails.
+std::string RunServicesScript(const std::string& args, const std::string& log);
 
 }  // namespace outbox_test
