@@ -475,6 +475,15 @@ Result<Sink::Accepted> KafkaProducer::Produce(const outbox::KafkaRecord& record,
     rd_kafka_resp_err_t fatal = rd_kafka_fatal_error(rk, reason.data(), reason.size());
     return std::unexpected(FatalError(fatal, reason.data(), transactional()));
   }
+  if (err == RD_KAFKA_RESP_ERR__STATE && transactional()) {
+    // The Kafka transaction takes no more records: one of its records failed
+    // (an abortable error) before this thread saw its report. The transaction
+    // is aborted and the slot sends its rows again.
+    return Fail(ErrorCode::kAborted,
+                "produce to '{}': the Kafka transaction takes no more records ({}): it is "
+                "aborted and its rows are sent again",
+                record.topic, rd_kafka_err2str(err));
+  }
   return Fail(ErrorCode::kFatal, "produce to '{}': {}", record.topic, rd_kafka_err2str(err));
 }
 

@@ -56,8 +56,10 @@ class MockClusterTest : public ::testing::Test {
   // it goes first, before the members that callback uses.
   ~MockClusterTest() override { producer_.reset(); }
 
-  void Start(std::vector<std::pair<std::string, std::string>> extra = {}) {
+  void Start(std::vector<std::pair<std::string, std::string>> extra = {},
+             std::string transactional_id = "") {
     ProducerOptions opts;
+    opts.transactional_id = std::move(transactional_id);
     opts.brokers = "";  // the mock cluster provides the bootstrap servers
     opts.properties = {{"test.mock.num.brokers", "3"}, {"linger.ms", "1"}};
     opts.admin_timeout = 300ms;  // the mock cluster does not answer DescribeConfigs
@@ -288,6 +290,37 @@ TEST_F(MockClusterTest, AFatalAuthorizationErrorStaysFatal) {
   EXPECT_EQ(refused.code, ErrorCode::kFatal) << refused.message;
   EXPECT_NE(refused.message.find("CLUSTER_AUTHORIZATION_FAILED"), std::string::npos)
       << refused.message;
+}
+
+// A record of a Kafka transaction failed for good, which puts the
+// transactional producer in a state that takes no record until the
+// transaction is aborted ("Producing not allowed in transactional state
+// AbortableError"). A record handed over before that failure's report was
+// handled must make the transaction abort (kAborted: the slot sends its rows
+// again), not stop the relay as a fatal error. Seen in
+// ExactlyOnce.BrokerRestartAndPostgresImmediateRestartDuringOpenTransactions:
+// the progress record was refused with "Local: Erroneous state" after a broker
+// restart, and the relay exited with 4,306 rows unacked.
+TEST_F(MockClusterTest, ARecordRefusedBecauseItsTransactionFailedAbortsItInsteadOfStopping) {
+  Start({}, "mock-txn");
+  ASSERT_TRUE(producer_->InitTransactions(10s));
+  ASSERT_TRUE(producer_->BeginTransaction());
+  ProduceTx(0, 0);  // prepares the topic
+  ASSERT_TRUE(producer_->Flush(10s));
+  rd_kafka_mock_push_request_errors(mock_, kProduceApiKey, 1, RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE);
+  ProduceTx(1, 0);
+  (void)producer_->Flush(10s);
+  {
+    std::lock_guard lock(mu_);
+    ASSERT_EQ(reports_[1], 1);
+    ASSERT_EQ(errors_.size(), 1u) << "the second record was not refused";
+  }
+  outbox::KafkaRecord r;
+  r.topic = kTopic;
+  r.value = "progress";
+  auto refused = producer_->Produce(r, nullptr);
+  ASSERT_FALSE(refused) << "a record taken into a failed Kafka transaction";
+  EXPECT_EQ(refused.error().code, ErrorCode::kAborted) << refused.error().message;
 }
 
 }  // namespace
