@@ -499,14 +499,12 @@ TEST_F(TlsKafka, OidcWrongClientSecretFailsClearlyAndLosesNothing) {
   EXPECT_GE(issuer_->tokens_refused() - refused_before, 1u);
 }
 
-// KNOWN LEAKS, being fixed in the relay's configuration handling (the lead's
-// change to src/app/config.cc and the producer; not here). They fail until that
-// change is merged: enable them (drop DISABLED_) with it.
-//  1. A property librdkafka rejects is logged with its value: a misspelt
-//     sasl.password key prints the password.
-//  2. OUTBOX_KAFKA_PROPERTIES is split on ';' as well as on newlines: a password
-//     containing ';' is cut in two and the second half is printed as a
-//     malformed property.
+// Two ways a secret once reached the log, each held by a test below:
+//  1. A property librdkafka rejects was logged with its value: a misspelt
+//     sasl.password key printed the password.
+//  2. OUTBOX_KAFKA_PROPERTIES was split on ';' as well as on newlines: a
+//     password containing ';' was cut in two and the second half printed as
+//     a malformed property.
 TEST_F(TlsKafka, AMisspeltPropertyIsRefusedWithoutItsValue) {
   Broker();
   CreateTables();
