@@ -104,14 +104,19 @@ class MockClusterTest : public ::testing::Test {
     tracker_.Commit(tx, Lsn(1000 + 10 * static_cast<uint64_t>(i)));
   }
 
+  // Hands the producer one record of no transaction the tracker knows.
+  Result<Sink::Accepted> HandARecord() {
+    outbox::KafkaRecord r;
+    r.topic = kTopic;
+    r.value = "x";
+    return producer_->Produce(r, nullptr);
+  }
+
   // Puts the producer into the fatal state `fatal`, then hands it a record:
   // the error the record is refused with.
   Error RefusedAfterFatal(rd_kafka_resp_err_t fatal) {
     rd_kafka_test_fatal_error(producer_->handle(), fatal, "injected by the test");
-    outbox::KafkaRecord r;
-    r.topic = kTopic;
-    r.value = "x";
-    auto refused = producer_->Produce(r, nullptr);
+    auto refused = HandARecord();
     if (refused) return Error{ErrorCode::kInvalidArgument, "taken after a fatal error"};
     return refused.error();
   }
@@ -315,10 +320,7 @@ TEST_F(MockClusterTest, ARecordRefusedBecauseItsTransactionFailedAbortsItInstead
     ASSERT_EQ(reports_[1], 1);
     ASSERT_EQ(errors_.size(), 1u) << "the second record was not refused";
   }
-  outbox::KafkaRecord r;
-  r.topic = kTopic;
-  r.value = "progress";
-  auto refused = producer_->Produce(r, nullptr);
+  auto refused = HandARecord();
   ASSERT_FALSE(refused) << "a record taken into a failed Kafka transaction";
   EXPECT_EQ(refused.error().code, ErrorCode::kAborted) << refused.error().message;
 }
