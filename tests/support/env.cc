@@ -100,6 +100,12 @@ std::string LogDir() {
 std::string TestLogPath() {
   std::string name = CurrentTestName();
   if (name.empty()) name = "relay";
+  // The matrix (OUTBOX_IT_MATRIX=<major>) runs a test under the same name on several majors at
+  // once: each its own log, named as ctest names the test (pg17:Suite.Test), or the relays of
+  // two majors write one file and a test counting its relay's log lines counts both.
+  if (const char* major = std::getenv("OUTBOX_IT_MATRIX"); major != nullptr && *major != '\0') {
+    name = fmt::format("pg{}:{}", major, name);
+  }
   for (char& c : name) {
     if (c == '/' || c == ' ') c = '_';
   }

@@ -23,7 +23,8 @@ void LoadEnv(Env* env);
 // Directory for per-test relay logs (under the build directory).
 std::string LogDir();
 
-// The relay log file of the running test: <LogDir()>/<Suite.Name>.log.
+// The relay log file of the running test: <LogDir()>/<Suite.Name>.log (pg<major>:<Suite.Name>.log
+// in the PostgreSQL matrix, OUTBOX_IT_MATRIX).
 std::string TestLogPath();
 
 // "<prefix>_<pid>": names that do not collide across test reruns.
